@@ -1,0 +1,20 @@
+include(CMakePackageConfigHelpers)
+
+install(DIRECTORY include/idemgate DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS ${idemgate_targets} EXPORT idemgate-targets)
+install(EXPORT idemgate-targets
+  NAMESPACE idemgate::
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idemgate)
+
+configure_package_config_file(cmake/idemgate-config.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/idemgate-config.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idemgate)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/idemgate-config-version.cmake
+  COMPATIBILITY SameMajorVersion
+  ARCH_INDEPENDENT)
+install(FILES
+  ${CMAKE_CURRENT_BINARY_DIR}/idemgate-config.cmake
+  ${CMAKE_CURRENT_BINARY_DIR}/idemgate-config-version.cmake
+  cmake/IdemgateDependencies.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idemgate)
+install(FILES LICENSE README.md DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/idemgate)

@@ -1,0 +1,82 @@
+#pragma once
+
+#include "codec.hpp"
+#include "key.hpp"
+#include "outcome.hpp"
+#include "record.hpp"
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace idemgate {
+
+namespace detail {
+/// Stands in for a business write when checking a store's commit signature.
+template <class Transaction>
+struct BusinessWriteProbe {
+  void operator()(Transaction&) const {}
+};
+}  // namespace detail
+
+/**
+ * Concept: a durable idempotency log with one atomic reservation and fenced commits.
+ *
+ * `reserve` inserts the key as in flight in one atomic statement, or reports what the store
+ * already holds; an in-flight row whose lease has expired is taken over with a fence bump.
+ * `commit` runs the caller's business write and the fenced status change in one transaction:
+ * when the fence no longer matches, nothing is written. See `docs/stores.md` to write your own;
+ * `tests/test_store_conformance.cpp` is what a correct store passes.
+ */
+template <class S>
+concept store = requires(S& s, const Key& key, const Fingerprint& fingerprint,
+                         std::string_view bytes, std::chrono::milliseconds duration,
+                         std::int64_t fence, std::size_t limit,
+                         detail::BusinessWriteProbe<typename S::transaction> write) {
+  typename S::transaction;
+  { s.reserve(key, fingerprint, bytes, duration) } -> std::same_as<Reservation>;
+  { s.commit(key, fence, bytes, write) } -> std::same_as<CommitStatus>;
+  { s.fail(key, fence, bytes) } -> std::same_as<CommitStatus>;
+  { s.release(key, fence) } -> std::same_as<bool>;
+  { s.escalate(key, fence, bytes) } -> std::same_as<CommitStatus>;
+  { s.find(key) } -> std::same_as<std::optional<Record>>;
+  { s.take_stale(limit, duration, duration) } -> std::same_as<std::vector<Stranded>>;
+  { s.escalated(limit) } -> std::same_as<std::vector<Record>>;
+  { s.resolve(key, bytes, write) } -> std::same_as<bool>;
+};
+
+/**
+ * Concept: the side effect the gate protects (claim a slot, debit an account).
+ *
+ * `claim(request, key)` must send `key` along (as an `Idempotency-Key` header for HTTP).
+ * `honours_idempotency_key` says whether the far side returns the original outcome for a key it
+ * has seen: when false, the gate escalates instead of calling.
+ */
+template <class D>
+concept downstream = codable<typename D::request_type> && codable<typename D::outcome_type> &&
+    requires(D& d, const typename D::request_type& request, const Key& key) {
+  { D::honours_idempotency_key } -> std::convertible_to<bool>;
+  { d.claim(request, key) } -> std::same_as<ClaimResult<typename D::outcome_type>>;
+};
+
+/// Concept: a downstream that can say what it already holds under a key.
+template <class D>
+concept lookup_downstream = downstream<D> && requires(D& d, const Key& key) {
+  { d.lookup(key) } -> std::same_as<LookupResult<typename D::outcome_type>>;
+};
+
+/// Concept: the caller's business write (the TMS booking, the ledger row), run inside the
+/// store's transaction together with the outcome. It takes the transaction, optionally the key
+/// (to record which event wrote the row), the request and the outcome.
+template <class F, class S, class D>
+concept business_write =
+    std::invocable<F&, typename S::transaction&, const typename D::request_type&,
+                   const typename D::outcome_type&> ||
+    std::invocable<F&, typename S::transaction&, const Key&, const typename D::request_type&,
+                   const typename D::outcome_type&>;
+
+}  // namespace idemgate

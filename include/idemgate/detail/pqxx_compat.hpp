@@ -1,0 +1,98 @@
+#pragma once
+
+// Every difference between libpqxx versions lives here: 6.4 (Debian 12), 7.x and 8.x.
+
+#include <libpq-fe.h>
+#include <pqxx/pqxx>
+#include <pqxx/version.hxx>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
+#define IDEMGATE_PQXX_PREPPED 1
+#else
+#define IDEMGATE_PQXX_PREPPED 0
+#endif
+
+namespace idemgate::detail::pq {
+
+/// Runs a prepared statement with positional parameters.
+template <class Transaction, class... Args>
+pqxx::result exec_prepared(Transaction& tx, const std::string& name, Args&&... args) {
+#if IDEMGATE_PQXX_PREPPED
+  return tx.exec(pqxx::prepped{name}, pqxx::params{std::forward<Args>(args)...});
+#else
+  return tx.exec_prepared(name, std::forward<Args>(args)...);
+#endif
+}
+
+/// Runs one statement with positional parameters, unprepared.
+template <class Transaction, class... Args>
+pqxx::result exec_params(Transaction& tx, const std::string& sql, Args&&... args) {
+#if IDEMGATE_PQXX_PREPPED
+  return tx.exec(sql, pqxx::params{std::forward<Args>(args)...});
+#else
+  return tx.exec_params(sql, std::forward<Args>(args)...);
+#endif
+}
+
+/// Runs one statement without parameters (may hold several statements).
+template <class Transaction>
+pqxx::result exec(Transaction& tx, const std::string& sql) {
+  return tx.exec(sql);
+}
+
+/// A byte string as a bytea parameter in text form (`\x` + hex): the same on every version.
+inline std::string bytea_param(std::string_view bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 + bytes.size() * 2);
+  out += "\\x";
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 0x0f];
+  }
+  return out;
+}
+
+/// Decodes a bytea field in text form (hex or escape output) into raw bytes.
+inline std::string bytea_field(const pqxx::field& field) {
+  if (field.is_null()) return {};
+  std::size_t length = 0;
+  unsigned char* raw =
+      PQunescapeBytea(reinterpret_cast<const unsigned char*>(field.c_str()), &length);
+  if (raw == nullptr) throw std::bad_alloc();
+  std::string out(reinterpret_cast<const char*>(raw), length);
+  PQfreemem(raw);
+  return out;
+}
+
+/// A text field; empty when null (never `as<std::optional<…>>()`: 6.4 lacks it).
+inline std::string text_field(const pqxx::field& field) {
+  return field.is_null() ? std::string() : std::string(field.c_str());
+}
+
+/// An integer field.
+inline std::int64_t int_field(const pqxx::field& field) {
+  return field.as<std::int64_t>();
+}
+
+/// A boolean field; false when null.
+inline bool bool_field(const pqxx::field& field) {
+  return field.is_null() ? false : field.as<bool>();
+}
+
+/// Registers a prepared statement on a connection.
+inline void prepare(pqxx::connection& connection, const std::string& name, const std::string& sql) {
+  connection.prepare(name, sql);
+}
+
+/// Rows a command touched.
+inline std::int64_t affected_rows(const pqxx::result& result) {
+  return static_cast<std::int64_t>(result.affected_rows());
+}
+
+}  // namespace idemgate::detail::pq

@@ -1,0 +1,175 @@
+#pragma once
+
+#include "detail/sha256.hpp"
+
+#include <array>
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace idemgate {
+
+/// Thrown when a key cannot be derived from the given parts.
+class KeyError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// An idempotency key: the 32 raw bytes of a SHA-256 digest.
+///
+/// Derive it with `derive_key` from what the upstream controls (an event id, a notification id,
+/// the equipment number it is about), never from a queue's delivery or message id: a queue gives
+/// every redelivery a new message id, so a key built from it deduplicates nothing.
+class Key {
+ public:
+  /// Number of bytes in a key.
+  static constexpr std::size_t size = 32;
+  /// The raw bytes.
+  using bytes_type = std::array<unsigned char, size>;
+  /// Lowercase hex form, without terminator.
+  using hex_type = std::array<char, size * 2>;
+
+  /// The all-zero key; only useful as a placeholder.
+  constexpr Key() noexcept = default;
+  /// Wraps 32 raw bytes.
+  constexpr explicit Key(const bytes_type& bytes) noexcept : bytes_(bytes) {}
+
+  /// The raw bytes.
+  [[nodiscard]] constexpr const bytes_type& bytes() const noexcept { return bytes_; }
+
+  /// The raw bytes as a string view (for drivers that take byte strings).
+  [[nodiscard]] std::string_view view() const noexcept {
+    return {reinterpret_cast<const char*>(bytes_.data()), bytes_.size()};
+  }
+
+  /// Lowercase hex without allocating.
+  [[nodiscard]] hex_type hex_chars() const noexcept {
+    static constexpr char digits[] = "0123456789abcdef";
+    hex_type out{};
+    for (std::size_t i = 0; i < size; ++i) {
+      out[2 * i] = digits[bytes_[i] >> 4];
+      out[2 * i + 1] = digits[bytes_[i] & 0x0f];
+    }
+    return out;
+  }
+
+  /// Lowercase hex, the form sent in `Idempotency-Key` headers and written to logs.
+  [[nodiscard]] std::string hex() const {
+    const hex_type chars = hex_chars();
+    return {chars.data(), chars.size()};
+  }
+
+  /// Parses 64 hex digits (either case); nullopt for anything else.
+  [[nodiscard]] static std::optional<Key> from_hex(std::string_view text) noexcept {
+    if (text.size() != size * 2) return std::nullopt;
+    bytes_type bytes{};
+    for (std::size_t i = 0; i < size; ++i) {
+      const int high = hex_value(text[2 * i]);
+      const int low = hex_value(text[2 * i + 1]);
+      if (high < 0 || low < 0) return std::nullopt;
+      bytes[i] = static_cast<unsigned char>((high << 4) | low);
+    }
+    return Key(bytes);
+  }
+
+  friend constexpr bool operator==(const Key&, const Key&) noexcept = default;
+  friend constexpr auto operator<=>(const Key&, const Key&) noexcept = default;
+
+ private:
+  static constexpr int hex_value(char c) noexcept {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  }
+
+  bytes_type bytes_{};
+};
+
+namespace detail {
+
+inline void hash_length_prefixed(Sha256& hasher, std::string_view part) {
+  // An 8-byte big-endian length before every part makes the encoding unambiguous:
+  // ("a:b", "c") and ("a", "b:c") hash different byte strings.
+  std::array<unsigned char, 8> length{};
+  std::uint64_t n = part.size();
+  for (int i = 7; i >= 0; --i) {
+    length[static_cast<std::size_t>(i)] = static_cast<unsigned char>(n & 0xff);
+    n >>= 8;
+  }
+  hasher.update(length.data(), length.size());
+  hasher.update(part);
+}
+
+[[noreturn]] inline void throw_empty_part(std::string_view scope, std::size_t index) {
+  if (index == 0)
+    throw KeyError(
+        "idemgate: empty key scope; name the operation the key guards, e.g. \"ect.claim_slot\"");
+  throw KeyError("idemgate: key part " + std::to_string(index) + " of scope \"" +
+                 std::string(scope) +
+                 "\" is empty; derive keys only from fields the upstream always sets "
+                 "(e.g. its event or notification id), and reject events that lack them");
+}
+
+}  // namespace detail
+
+/**
+ * Derives the idempotency key of one upstream event.
+ *
+ * The key is SHA-256 over the scope and every part, each length-prefixed, so no two different
+ * part lists share an encoding. Every part must be non-empty. Allocates nothing.
+ *
+ * Example:
+ *   auto key = idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
+ */
+template <class... Parts>
+requires(sizeof...(Parts) > 0 && (std::is_convertible_v<const Parts&, std::string_view> && ...))
+    [[nodiscard]] Key derive_key(std::string_view scope, const Parts&... parts) {
+  if (scope.empty()) detail::throw_empty_part(scope, 0);
+  std::size_t index = 0;
+  ((++index, std::string_view(parts).empty() ? detail::throw_empty_part(scope, index) : void()),
+   ...);
+  detail::Sha256& hasher = detail::thread_sha256();
+  detail::hash_length_prefixed(hasher, scope);
+  (detail::hash_length_prefixed(hasher, std::string_view(parts)), ...);
+  return Key(hasher.finish());
+}
+
+/// Derives a key from a runtime list of parts; same encoding as the variadic form.
+[[nodiscard]] inline Key derive_key_from(std::string_view scope,
+                                         std::initializer_list<std::string_view> parts) {
+  if (scope.empty()) detail::throw_empty_part(scope, 0);
+  if (parts.size() == 0)
+    throw KeyError("idemgate: no key parts for scope \"" + std::string(scope) +
+                   "\"; pass the upstream's event id (and what the event is about)");
+  std::size_t index = 0;
+  for (std::string_view part : parts)
+    if (++index, part.empty()) detail::throw_empty_part(scope, index);
+  detail::Sha256& hasher = detail::thread_sha256();
+  detail::hash_length_prefixed(hasher, scope);
+  for (std::string_view part : parts) detail::hash_length_prefixed(hasher, part);
+  return Key(hasher.finish());
+}
+
+/// Hash functor for unordered containers keyed by `Key`.
+struct KeyHash {
+  /// The first 8 bytes of the digest are already uniformly distributed.
+  std::size_t operator()(const Key& key) const noexcept {
+    std::size_t h = 0;
+    std::memcpy(&h, key.bytes().data(), sizeof(h));
+    return h;
+  }
+};
+
+}  // namespace idemgate
+
+/// Lets `Key` be used in `std::unordered_map` without naming `KeyHash`.
+template <>
+struct std::hash<idemgate::Key> : idemgate::KeyHash {};

@@ -1,0 +1,149 @@
+#pragma once
+
+#include "key.hpp"
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace idemgate {
+
+/// SHA-256 of a request's canonical bytes; tells a duplicate from a conflicting reuse of a key.
+using Fingerprint = std::array<unsigned char, 32>;
+
+/// Where an event stands in the store.
+enum class RecordStatus {
+  in_flight,  ///< Reserved; a worker holds a lease on it.
+  committed,  ///< Outcome and business write committed together.
+  failed,     ///< The downstream refused for good; the reason is stored.
+  escalated,  ///< Parked for a human; the reason is stored.
+};
+
+/// The name a store writes for a status.
+[[nodiscard]] constexpr std::string_view to_string(RecordStatus status) noexcept {
+  switch (status) {
+    case RecordStatus::in_flight:
+      return "in_flight";
+    case RecordStatus::committed:
+      return "committed";
+    case RecordStatus::failed:
+      return "failed";
+    case RecordStatus::escalated:
+      return "escalated";
+  }
+  return "unknown";
+}
+
+/// Parses a stored status name; throws `std::runtime_error` for anything else.
+[[nodiscard]] inline RecordStatus parse_record_status(std::string_view text) {
+  if (text == "in_flight") return RecordStatus::in_flight;
+  if (text == "committed") return RecordStatus::committed;
+  if (text == "failed") return RecordStatus::failed;
+  if (text == "escalated") return RecordStatus::escalated;
+  throw std::runtime_error("idemgate: the store holds an unknown status \"" + std::string(text) +
+                           "\"; was the table written by a newer version?");
+}
+
+/// What one atomic reservation found.
+struct Reservation {
+  /// How the reservation went.
+  enum class Kind {
+    acquired,    ///< The key was new; this caller holds it.
+    taken_over,  ///< The key was in flight under an expired lease; this caller took it over.
+    existing,    ///< The key is held or finished; see the other fields.
+  };
+  /// How the reservation went.
+  Kind kind = Kind::existing;
+  /// The fence token this caller must present to commit (acquired, taken over).
+  std::int64_t fence = 0;
+  /// The stored status (existing).
+  RecordStatus status = RecordStatus::in_flight;
+  /// Whether the stored fingerprint equals the new request's (existing).
+  bool same_request = true;
+  /// The stored outcome bytes (existing, committed).
+  std::string result;
+  /// The stored reason (existing, failed or escalated).
+  std::string reason;
+
+  /// The key was new; this caller holds it under `fence`.
+  [[nodiscard]] static Reservation acquired(std::int64_t fence) {
+    Reservation r;
+    r.kind = Kind::acquired;
+    r.fence = fence;
+    return r;
+  }
+  /// This caller took an expired lease over; it now holds `fence`.
+  [[nodiscard]] static Reservation taken_over(std::int64_t fence) {
+    Reservation r;
+    r.kind = Kind::taken_over;
+    r.fence = fence;
+    return r;
+  }
+  /// The key is held or finished.
+  [[nodiscard]] static Reservation existing(std::int64_t fence, RecordStatus status,
+                                            bool same_request, std::string result = {},
+                                            std::string reason = {}) {
+    Reservation r;
+    r.fence = fence;
+    r.status = status;
+    r.same_request = same_request;
+    r.result = std::move(result);
+    r.reason = std::move(reason);
+    return r;
+  }
+};
+
+/// How a fenced write went.
+enum class CommitStatus {
+  committed,   ///< The status changed; with `commit`, the business write is committed with it.
+  lost_lease,  ///< The fence no longer matched: another worker took the event over. Nothing
+               ///< was written.
+};
+
+/// One row of the idempotency log, as read back for inspection and reconciliation.
+struct Record {
+  /// The idempotency key.
+  Key key;
+  /// Where the event stands.
+  RecordStatus status = RecordStatus::in_flight;
+  /// The current fence token.
+  std::int64_t fence = 0;
+  /// The request's canonical bytes.
+  std::string request;
+  /// SHA-256 of `request`.
+  Fingerprint fingerprint{};
+  /// The outcome's bytes (committed).
+  std::optional<std::string> result;
+  /// Why it failed or was escalated.
+  std::string reason;
+  /// When the key was first reserved.
+  std::chrono::system_clock::time_point created_at;
+  /// When the row last changed.
+  std::chrono::system_clock::time_point updated_at;
+  /// Until when the current holder's lease runs.
+  std::chrono::system_clock::time_point lease_until;
+};
+
+/// A stranded row taken over by a reconciler: the new fence and what is needed to finish it.
+struct Stranded {
+  /// The idempotency key.
+  Key key;
+  /// The fence token after the takeover.
+  std::int64_t fence = 0;
+  /// The request's canonical bytes.
+  std::string request;
+};
+
+/// Thrown when a store cannot do its work: the database is unreachable, a commit's fate is
+/// unknown, the schema is missing. The message says what to do; do not ack the message.
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace idemgate

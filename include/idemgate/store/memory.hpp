@@ -1,0 +1,214 @@
+#pragma once
+
+#include "../concepts.hpp"
+#include "../record.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace idemgate {
+
+/**
+ * An in-memory store: a test double, **not durable**.
+ *
+ * Everything is lost when the process exits, and two processes never see each other's keys, so a
+ * restart or a second consumer processes every event again. Use it in unit tests and examples;
+ * use `SqliteStore` or `PostgresStore` for anything that must survive a restart. Thread-safe.
+ */
+class MemoryStore {
+ public:
+  /// The clock leases are measured with; injectable so tests can expire leases at once.
+  using Clock = std::function<std::chrono::system_clock::time_point()>;
+
+  /// The business write's transaction: stage effects with `on_commit`; they run only when the
+  /// fenced status change succeeds, under the store's lock.
+  class transaction {
+   public:
+    /// Runs `effect` if and when the transaction commits.
+    void on_commit(std::function<void()> effect) { effects_.push_back(std::move(effect)); }
+
+   private:
+    friend class MemoryStore;
+    std::vector<std::function<void()>> effects_;
+  };
+
+  /// A store on the system clock.
+  MemoryStore() : clock_([] { return std::chrono::system_clock::now(); }) {}
+  /// A store on an injected clock.
+  explicit MemoryStore(Clock clock) : clock_(std::move(clock)) {}
+
+  /// Inserts the key as in flight, takes over an expired lease, or reports what is stored.
+  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                      std::chrono::milliseconds lease) {
+    std::lock_guard lock(mutex_);
+    const auto now = clock_();
+    auto [it, inserted] = rows_.try_emplace(key);
+    Record& row = it->second;
+    if (inserted) {
+      row.key = key;
+      row.status = RecordStatus::in_flight;
+      row.fence = 1;
+      row.request.assign(request);
+      row.fingerprint = fingerprint;
+      row.created_at = row.updated_at = now;
+      row.lease_until = now + lease;
+      return Reservation::acquired(row.fence);
+    }
+    const bool same = row.fingerprint == fingerprint;
+    if (same && row.status == RecordStatus::in_flight && row.lease_until < now) {
+      ++row.fence;
+      row.lease_until = now + lease;
+      row.updated_at = now;
+      return Reservation::taken_over(row.fence);
+    }
+    return Reservation::existing(row.fence, row.status, same, row.result.value_or(std::string()),
+                                 row.reason);
+  }
+
+  /// Runs `business` and marks the key committed with `result`, only if `fence` still holds.
+  template <class BusinessWrite>
+  CommitStatus commit(const Key& key, std::int64_t fence, std::string_view result,
+                      BusinessWrite&& business) {
+    transaction tx;
+    std::forward<BusinessWrite>(business)(tx);
+    std::lock_guard lock(mutex_);
+    if (already_committed(key, fence)) return CommitStatus::committed;
+    Record* row = holder(key, fence);
+    if (row == nullptr) return CommitStatus::lost_lease;
+    row->status = RecordStatus::committed;
+    row->result = std::string(result);
+    row->updated_at = clock_();
+    for (auto& effect : tx.effects_) effect();
+    return CommitStatus::committed;
+  }
+
+  /// Stores a permanent failure, only if `fence` still holds.
+  CommitStatus fail(const Key& key, std::int64_t fence, std::string_view reason) {
+    return settle(key, fence, RecordStatus::failed, reason);
+  }
+
+  /// Parks the key for a human, only if `fence` still holds.
+  CommitStatus escalate(const Key& key, std::int64_t fence, std::string_view reason) {
+    return settle(key, fence, RecordStatus::escalated, reason);
+  }
+
+  /// Deletes an in-flight reservation this caller holds, so the next delivery can take it.
+  bool release(const Key& key, std::int64_t fence) {
+    std::lock_guard lock(mutex_);
+    if (holder(key, fence) == nullptr) return false;
+    rows_.erase(key);
+    return true;
+  }
+
+  /// The stored row, if any.
+  std::optional<Record> find(const Key& key) const {
+    std::lock_guard lock(mutex_);
+    auto it = rows_.find(key);
+    if (it == rows_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  /// Takes over up to `limit` in-flight rows whose lease expired and that have not changed for
+  /// `stale_after`, bumping their fence and granting a new `lease`.
+  std::vector<Stranded> take_stale(std::size_t limit, std::chrono::milliseconds stale_after,
+                                   std::chrono::milliseconds lease) {
+    std::lock_guard lock(mutex_);
+    const auto now = clock_();
+    std::vector<Record*> candidates;
+    for (auto& [key, row] : rows_)
+      if (row.status == RecordStatus::in_flight && row.lease_until < now &&
+          row.updated_at + stale_after <= now)
+        candidates.push_back(&row);
+    std::sort(candidates.begin(), candidates.end(),
+              [](const Record* a, const Record* b) { return a->lease_until < b->lease_until; });
+    if (candidates.size() > limit) candidates.resize(limit);
+    std::vector<Stranded> taken;
+    taken.reserve(candidates.size());
+    for (Record* row : candidates) {
+      ++row->fence;
+      row->lease_until = now + lease;
+      row->updated_at = now;
+      taken.push_back({row->key, row->fence, row->request});
+    }
+    return taken;
+  }
+
+  /// Up to `limit` escalated rows, oldest first.
+  std::vector<Record> escalated(std::size_t limit) const {
+    std::lock_guard lock(mutex_);
+    std::vector<Record> parked;
+    for (const auto& [key, row] : rows_)
+      if (row.status == RecordStatus::escalated) parked.push_back(row);
+    std::sort(parked.begin(), parked.end(),
+              [](const Record& a, const Record& b) { return a.updated_at < b.updated_at; });
+    if (parked.size() > limit) parked.resize(limit);
+    return parked;
+  }
+
+  /// Commits an escalated row with `result` and the business write; false if it is not escalated.
+  template <class BusinessWrite>
+  bool resolve(const Key& key, std::string_view result, BusinessWrite&& business) {
+    transaction tx;
+    std::forward<BusinessWrite>(business)(tx);
+    std::lock_guard lock(mutex_);
+    auto it = rows_.find(key);
+    if (it == rows_.end() || it->second.status != RecordStatus::escalated) return false;
+    it->second.status = RecordStatus::committed;
+    it->second.result = std::string(result);
+    it->second.updated_at = clock_();
+    for (auto& effect : tx.effects_) effect();
+    return true;
+  }
+
+  /// Every stored row (test inspection).
+  std::vector<Record> records() const {
+    std::lock_guard lock(mutex_);
+    std::vector<Record> all;
+    all.reserve(rows_.size());
+    for (const auto& [key, row] : rows_) all.push_back(row);
+    return all;
+  }
+
+ private:
+  Record* holder(const Key& key, std::int64_t fence) {
+    auto it = rows_.find(key);
+    if (it == rows_.end()) return nullptr;
+    Record& row = it->second;
+    if (row.status != RecordStatus::in_flight || row.fence != fence) return nullptr;
+    return &row;
+  }
+
+  // A commit retried after its first attempt landed must not run the business write again.
+  bool already_committed(const Key& key, std::int64_t fence) const {
+    auto it = rows_.find(key);
+    return it != rows_.end() && it->second.status == RecordStatus::committed &&
+           it->second.fence == fence;
+  }
+
+  CommitStatus settle(const Key& key, std::int64_t fence, RecordStatus status,
+                      std::string_view reason) {
+    std::lock_guard lock(mutex_);
+    Record* row = holder(key, fence);
+    if (row == nullptr) return CommitStatus::lost_lease;
+    row->status = status;
+    row->reason.assign(reason);
+    row->updated_at = clock_();
+    return CommitStatus::committed;
+  }
+
+  Clock clock_;
+  mutable std::mutex mutex_;
+  std::unordered_map<Key, Record, KeyHash> rows_;
+};
+
+static_assert(store<MemoryStore>);
+
+}  // namespace idemgate

@@ -1,0 +1,286 @@
+#include "support/fake_terminal.hpp"
+#include "support/slot_request.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/store/memory.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+using idemgate::Gate;
+using idemgate::MemoryStore;
+using idemgate::RecordStatus;
+using idemgate::Status;
+using idemgate::test::FakeTerminal;
+using idemgate::test::SlotRequest;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// The business table: bookings per container, written only on commit.
+struct Bookings {
+  std::mutex mutex;
+  std::multimap<std::string, std::string> rows;
+  std::size_t size() {
+    std::lock_guard lock(mutex);
+    return rows.size();
+  }
+};
+
+auto booking_writer(Bookings& bookings) {
+  return [&bookings](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
+    tx.on_commit([&bookings, r, slot] {
+      std::lock_guard lock(bookings.mutex);
+      bookings.rows.emplace(r.container, slot);
+    });
+  };
+}
+
+struct ManualClock {
+  std::chrono::system_clock::time_point now = std::chrono::system_clock::now();
+  MemoryStore::Clock fn() {
+    return [this] { return now; };
+  }
+};
+
+const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
+const auto key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU7000037");
+
+}  // namespace
+
+TEST(Gate, FirstDeliveryClaimsOnceAndBooksOnce) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings)};
+  auto result = gate.process(key, msku);
+  EXPECT_EQ(result.status(), Status::processed);
+  EXPECT_EQ(result.outcome(), "slot-1");
+  EXPECT_TRUE(result.should_ack());
+  EXPECT_EQ(terminal.calls(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
+  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
+}
+
+TEST(Gate, RedeliveryIsDuplicateWithStoredOutcomeAndNoSideEffect) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings)};
+  (void)gate.process(key, msku);
+  for (int i = 0; i < 5; ++i) {
+    auto again = gate.process(key, msku);
+    EXPECT_EQ(again.status(), Status::duplicate);
+    EXPECT_EQ(again.outcome(), "slot-1");
+    EXPECT_TRUE(again.should_ack());
+  }
+  EXPECT_EQ(terminal.calls(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
+}
+
+TEST(Gate, SameKeyWithDifferentRequestIsConflictAndWritesNothing) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings)};
+  (void)gate.process(key, msku);
+  const auto before = *store.find(key);
+  auto clash = gate.process(key, SlotRequest{"MSKU7000037", "2025-06-09T09:00"});
+  EXPECT_EQ(clash.status(), Status::conflict);
+  EXPECT_FALSE(clash.has_outcome());
+  EXPECT_NE(clash.reason().find("different request"), std::string::npos);
+  EXPECT_EQ(terminal.calls(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
+  EXPECT_EQ(store.find(key)->fence, before.fence);
+  EXPECT_EQ(store.find(key)->result, before.result);
+}
+
+TEST(Gate, TransientFailureReleasesTheKeyAndTheNextDeliverySucceeds) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  int failures = 1;
+  terminal.before = [&](const SlotRequest&,
+                        const idemgate::Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (failures-- > 0) return idemgate::TransientFailure{"503 Service Unavailable"};
+    return std::nullopt;
+  };
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings)};
+  auto first = gate.process(key, msku);
+  EXPECT_EQ(first.status(), Status::retry);
+  EXPECT_FALSE(first.should_ack());
+  EXPECT_EQ(first.reason(), "503 Service Unavailable");
+  EXPECT_FALSE(store.find(key).has_value()) << "a transient failure must release the key";
+  auto second = gate.process(key, msku);
+  EXPECT_EQ(second.status(), Status::processed);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
+}
+
+TEST(Gate, DownstreamExceptionIsTransient) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  terminal.before = [](const SlotRequest&,
+                       const idemgate::Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    throw std::runtime_error("connection reset");
+  };
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings)};
+  auto result = gate.process(key, msku);
+  EXPECT_EQ(result.status(), Status::retry);
+  EXPECT_NE(result.reason().find("connection reset"), std::string::npos);
+  EXPECT_FALSE(store.find(key).has_value());
+}
+
+TEST(Gate, PermanentFailureIsStoredAndEveryDuplicateGetsIt) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  terminal.before = [](const SlotRequest&,
+                       const idemgate::Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    return idemgate::PermanentFailure{"422 unknown container"};
+  };
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings)};
+  auto first = gate.process(key, msku);
+  EXPECT_EQ(first.status(), Status::failed);
+  EXPECT_TRUE(first.should_ack());
+  for (int i = 0; i < 3; ++i) {
+    auto again = gate.process(key, msku);
+    EXPECT_EQ(again.status(), Status::failed);
+    EXPECT_EQ(again.reason(), "422 unknown container");
+  }
+  EXPECT_EQ(terminal.calls(), 1);
+  EXPECT_EQ(bookings.size(), 0u);
+  EXPECT_EQ(store.find(key)->status, RecordStatus::failed);
+}
+
+TEST(Gate, BusinessWriteThatThrowsLeavesTheRowInFlightAndNoBooking) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Gate gate{store, terminal, [](MemoryStore::transaction&, const SlotRequest&, const std::string&) {
+              throw std::runtime_error("TMS rejected the booking");
+            }};
+  EXPECT_THROW((void)gate.process(key, msku), std::runtime_error);
+  const auto row = store.find(key);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->status, RecordStatus::in_flight);
+  EXPECT_FALSE(row->result.has_value());
+  auto again = gate.process(key, msku);
+  EXPECT_EQ(again.status(), Status::in_flight) << "the lease is still live";
+}
+
+TEST(Gate, LiveLeaseGivesInFlightAndExpiredLeaseIsTakenOver) {
+  ManualClock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  int crashes = 1;
+  Gate gate{store,
+            terminal,
+            [&](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
+              if (crashes-- > 0) throw std::runtime_error("worker died before the commit");
+              booking_writer(bookings)(tx, r, slot);
+            },
+            {.lease = 30s}};
+  EXPECT_THROW((void)gate.process(key, msku), std::runtime_error);
+  EXPECT_EQ(gate.process(key, msku).status(), Status::in_flight);
+  clock.now += 31s;
+  auto taken = gate.process(key, msku);
+  EXPECT_EQ(taken.status(), Status::processed);
+  EXPECT_TRUE(taken.took_over());
+  EXPECT_EQ(taken.outcome(), "slot-1") << "the terminal returns the original slot for the key";
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
+  EXPECT_EQ(store.find(key)->fence, 2);
+}
+
+TEST(Gate, WorkerThatLostItsLeaseCannotCommit) {
+  ManualClock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings), {.lease = 30s}};
+  bool paused = false;
+  terminal.before =
+      [&](const SlotRequest& r,
+          const idemgate::Key& k) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (paused) return std::nullopt;
+    paused = true;
+    // This worker stalls past its lease; a redelivery takes the event over and finishes it.
+    clock.now += 31s;
+    auto other = gate.process(k, r);
+    EXPECT_EQ(other.status(), Status::processed);
+    EXPECT_TRUE(other.took_over());
+    return std::nullopt;
+  };
+  auto stale = gate.process(key, msku);
+  EXPECT_EQ(stale.status(), Status::lost_lease);
+  EXPECT_TRUE(stale.should_ack());
+  EXPECT_EQ(bookings.size(), 1u) << "no second business row, ever";
+  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
+}
+
+TEST(Gate, DownstreamThatIgnoresKeysIsEscalatedNotCalled) {
+  MemoryStore store;
+  FakeTerminal<false> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal,
+            [&](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
+              booking_writer(bookings)(tx, r, slot);
+            }};
+  auto result = gate.process(key, msku);
+  EXPECT_EQ(result.status(), Status::escalated);
+  EXPECT_TRUE(result.should_ack());
+  EXPECT_NE(result.reason().find("Idempotency-Key"), std::string::npos);
+  EXPECT_EQ(terminal.calls(), 0);
+  EXPECT_EQ(store.find(key)->status, RecordStatus::escalated);
+  EXPECT_EQ(gate.process(key, msku).status(), Status::escalated);
+  EXPECT_EQ(terminal.calls(), 0);
+}
+
+TEST(Gate, OversizedRequestIsRefusedBeforeAnythingIsWritten) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings), {.max_request_bytes = 64}};
+  try {
+    (void)gate.process(key, SlotRequest{std::string(100, 'X'), "w"});
+    FAIL() << "an oversized request must be refused";
+  } catch (const idemgate::RequestError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_request_bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(store.find(key).has_value());
+  EXPECT_EQ(terminal.calls(), 0);
+}
+
+TEST(Gate, RequestThatFailsToEncodeIsRefusedBeforeAnythingIsWritten) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings)};
+  try {
+    (void)gate.process(key, SlotRequest{"MSKU\n1", "w"});
+    FAIL() << "an unencodable request must be refused";
+  } catch (const idemgate::RequestError& e) {
+    EXPECT_NE(std::string(e.what()).find("could not be encoded"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(store.find(key).has_value());
+  EXPECT_EQ(terminal.calls(), 0);
+}
+
+TEST(Gate, StoresTheRequestAndItsFingerprintWithTheReservation) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, booking_writer(bookings)};
+  (void)gate.process(key, msku);
+  const auto row = store.find(key);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(gate.decode_request(row->request), msku);
+  EXPECT_EQ(row->fingerprint, idemgate::detail::sha256(row->request));
+}

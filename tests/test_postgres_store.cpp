@@ -1,0 +1,416 @@
+// The gate on a real PostgreSQL server (started by scripts/test; see IDEMGATE_TEST_PG).
+
+#include "support/fake_terminal.hpp"
+#include "support/monday.hpp"
+#include "support/postgres.hpp"
+#include "support/slot_request.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/store/postgres.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+using idemgate::Gate;
+using idemgate::Key;
+using idemgate::PostgresStore;
+using idemgate::RecordStatus;
+using idemgate::Status;
+using idemgate::test::FakeTerminal;
+using idemgate::test::pg_count;
+using idemgate::test::pg_exec;
+using idemgate::test::SlotRequest;
+namespace pq = idemgate::detail::pq;
+using namespace std::chrono_literals;
+
+namespace {
+
+class PostgresGate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    uri = idemgate::test::pg_uri();
+    ASSERT_FALSE(uri.empty());
+    log = idemgate::test::unique_table("log");
+    bookings = idemgate::test::unique_table("bookings");
+    pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+    pg_exec("CREATE TABLE " + bookings +
+            " (id bigserial PRIMARY KEY, container text NOT NULL, slot_id text NOT NULL,"
+            " source_event bytea NOT NULL)");
+  }
+  void TearDown() override {
+    if (!uri.empty()) pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+  }
+
+  std::unique_ptr<PostgresStore> make_store(std::size_t pool = 1, int commit_attempts = 3) {
+    auto store = std::make_unique<PostgresStore>(
+        uri, idemgate::PostgresOptions{
+                 .table = log, .pool_size = pool, .commit_attempts = commit_attempts});
+    store->migrate();
+    return store;
+  }
+
+  /// The business write: one TMS booking per event.
+  auto booking_writer() {
+    return [table = bookings](pqxx::work& tx, const Key& key, const SlotRequest& r,
+                              const std::string& slot) {
+      pq::exec_params(
+          tx,
+          "INSERT INTO " + table + " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)",
+          r.container, slot, pq::bytea_param(key.view()));
+    };
+  }
+
+  std::int64_t booking_count() { return pg_count("SELECT count(*) FROM " + bookings); }
+
+  /// No committed status without its business row, no business row without its status.
+  void expect_no_half_state() {
+    EXPECT_EQ(pg_count("SELECT count(*) FROM " + log +
+                       " l WHERE status = 'committed' AND "
+                       "NOT EXISTS (SELECT 1 FROM " +
+                       bookings + " b WHERE b.source_event = l.key)"),
+              0);
+    EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings + " b WHERE NOT EXISTS (SELECT 1 FROM " +
+                       log + " l WHERE l.key = b.source_event AND l.status = 'committed')"),
+              0);
+    EXPECT_EQ(pg_count("SELECT count(*) FROM (SELECT source_event FROM " + bookings +
+                       " GROUP BY source_event HAVING count(*) > 1) d"),
+              0);
+  }
+
+  std::string uri, log, bookings;
+};
+
+const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
+
+}  // namespace
+
+TEST_F(PostgresGate, MigrateIsIdempotentAndMatchesTheShippedSchema) {
+  auto store = make_store();
+  store->migrate();
+  store->migrate();
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 2);
+  std::ifstream shipped(std::string(IDEMGATE_SOURCE_DIR) + "/docs/schema.sql");
+  ASSERT_TRUE(shipped) << "docs/schema.sql is missing";
+  std::stringstream text;
+  text << shipped.rdbuf();
+  EXPECT_NE(text.str().find(PostgresStore::schema_sql()), std::string::npos)
+      << "docs/schema.sql must hold PostgresStore::schema_sql() verbatim";
+}
+
+TEST_F(PostgresGate, SchemaRefusesMalformedRows) {
+  auto store = make_store();
+  EXPECT_ANY_THROW(pg_exec("INSERT INTO " + log +
+                           " (key, status, lease_until, fingerprint, request) VALUES"
+                           " ('\\x00', 'in_flight', now(), decode(repeat('00', 32), 'hex'), '')"));
+  EXPECT_ANY_THROW(pg_exec("INSERT INTO " + log +
+                           " (key, status, lease_until, fingerprint, request) VALUES"
+                           " (decode(repeat('00', 32), 'hex'), 'done', now(),"
+                           " decode(repeat('00', 32), 'hex'), '')"));
+  EXPECT_ANY_THROW(pg_exec("INSERT INTO " + log +
+                           " (key, status, lease_until, fingerprint, request) VALUES"
+                           " (decode(repeat('00', 32), 'hex'), 'committed', now(),"
+                           " decode(repeat('00', 32), 'hex'), '')"))
+      << "a committed row without a result is refused";
+}
+
+TEST_F(PostgresGate, FirstDeliveryClaimsAndBooksDuplicatesDoNot) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  Gate gate{*store, terminal, booking_writer()};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", msku.container);
+  auto first = gate.process(key, msku);
+  ASSERT_EQ(first.status(), Status::processed);
+  EXPECT_EQ(first.outcome(), "slot-1");
+  for (int i = 0; i < 3; ++i) {
+    auto again = gate.process(key, msku);
+    EXPECT_EQ(again.status(), Status::duplicate);
+    EXPECT_EQ(again.outcome(), "slot-1");
+  }
+  EXPECT_EQ(terminal.calls(), 1);
+  EXPECT_EQ(booking_count(), 1);
+  const auto row = store->find(key);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->status, RecordStatus::committed);
+  EXPECT_EQ(row->result, "slot-1");
+  EXPECT_EQ(gate.decode_request(row->request), msku);
+  EXPECT_EQ(row->fingerprint, idemgate::detail::sha256(row->request));
+  expect_no_half_state();
+}
+
+TEST_F(PostgresGate, SixteenThreadsDeliveringOneEventCallTheDownstreamOnce) {
+  auto store = make_store(16);
+  for (int round = 0; round < 12; ++round) {
+    FakeTerminal<> terminal;
+    // Half the rounds hold the claim open so racers meet an in-flight row; the other half
+    // race the commit, so racers meet rows committed after their statement's snapshot.
+    if (round % 2 == 0) terminal.set_delay(30ms);
+    Gate gate{*store, terminal, booking_writer()};
+    const Key key = idemgate::derive_key("race", std::to_string(round));
+    std::barrier start(16);
+    std::vector<std::future<Status>> results;
+    for (int t = 0; t < 16; ++t)
+      results.push_back(std::async(std::launch::async, [&] {
+        start.arrive_and_wait();
+        return gate.process(key, msku).status();
+      }));
+    int processed = 0;
+    for (auto& f : results) {
+      const Status s = f.get();  // an exception here fails the test: never an error
+      if (s == Status::processed)
+        ++processed;
+      else
+        EXPECT_TRUE(s == Status::duplicate || s == Status::in_flight) << to_string(s);
+    }
+    EXPECT_EQ(processed, 1);
+    EXPECT_EQ(terminal.calls(), 1) << "round " << round;
+  }
+  EXPECT_EQ(booking_count(), 12);
+  expect_no_half_state();
+}
+
+TEST_F(PostgresGate, ReservationBlockedByAnUncommittedInsertSeesTheRowOnceItCommits) {
+  auto store = make_store();
+  const Key key = idemgate::derive_key("race", "snapshot");
+  const std::string request = "MSKU1\nw";
+  const auto fingerprint = idemgate::detail::sha256(request);
+  pqxx::connection other(uri);
+  pqxx::work insert(other);
+  pq::exec_params(insert,
+                  "INSERT INTO " + log +
+                      " (key, status, lease_until, fingerprint, request, result) VALUES"
+                      " ($1::bytea, 'committed', now(), $2::bytea, $3::bytea, $4::bytea)",
+                  pq::bytea_param(key.view()),
+                  pq::bytea_param({reinterpret_cast<const char*>(fingerprint.data()), 32}),
+                  pq::bytea_param(request), pq::bytea_param("slot-9"));
+  // The reservation's INSERT waits for the open transaction; when it commits, that
+  // statement's snapshot predates the row: it sees nothing and must look again.
+  auto reserving = std::async(std::launch::async,
+                              [&] { return store->reserve(key, fingerprint, request, 1min); });
+  EXPECT_EQ(reserving.wait_for(300ms), std::future_status::timeout) << "should wait on the insert";
+  insert.commit();
+  const idemgate::Reservation found = reserving.get();
+  EXPECT_EQ(found.kind, idemgate::Reservation::Kind::existing);
+  EXPECT_EQ(found.status, RecordStatus::committed);
+  EXPECT_TRUE(found.same_request);
+  EXPECT_EQ(found.result, "slot-9");
+}
+
+TEST_F(PostgresGate, SeedMondayStormClaimsOneSlotPerContainer) {
+  auto store = make_store(4);
+  FakeTerminal<> terminal;
+  Gate gate{*store, terminal, booking_writer()};
+  const auto deliveries = idemgate::test::monday_deliveries();
+  ASSERT_EQ(deliveries.size(), 87u);
+  std::atomic<std::size_t> next{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w)
+    workers.emplace_back([&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < deliveries.size();) {
+        const auto& n = deliveries[i];
+        const Key key =
+            idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
+        const auto result = gate.process(key, SlotRequest{n.equipment_number, n.preferred_window});
+        if (!result.should_ack()) ++errors;
+      }
+    });
+  for (auto& w : workers) w.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(terminal.calls(), 39);
+  EXPECT_EQ(terminal.slots_issued(), 39);
+  EXPECT_EQ(booking_count(), 39);
+  EXPECT_EQ(pg_count("SELECT count(DISTINCT container) FROM " + bookings), 39);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + " WHERE status = 'committed'"), 39);
+  expect_no_half_state();
+}
+
+TEST_F(PostgresGate, BusinessWriteThatThrowsLeavesRowInFlightAndNoBooking) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  Gate gate{*store, terminal,
+            [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+              booking_writer()(tx, key, r, slot);
+              throw std::runtime_error("TMS validation failed");
+            }};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-throw", msku.container);
+  EXPECT_THROW((void)gate.process(key, msku), std::runtime_error);
+  EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(booking_count(), 0) << "the business write was rolled back with the status";
+}
+
+TEST_F(PostgresGate, TransientFailureReleasesAndNextDeliverySucceedsWithOneSlot) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  int failures = 1;
+  terminal.before = [&](const SlotRequest&,
+                        const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (failures-- > 0) return idemgate::TransientFailure{"503"};
+    return std::nullopt;
+  };
+  Gate gate{*store, terminal, booking_writer()};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-503", msku.container);
+  EXPECT_EQ(gate.process(key, msku).status(), Status::retry);
+  EXPECT_FALSE(store->find(key).has_value());
+  EXPECT_EQ(gate.process(key, msku).status(), Status::processed);
+  EXPECT_EQ(gate.process(key, msku).status(), Status::duplicate);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(booking_count(), 1);
+  expect_no_half_state();
+}
+
+TEST_F(PostgresGate, PermanentFailureIsStoredAndDuplicatesGetTheSameAnswer) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  terminal.before = [](const SlotRequest&,
+                       const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    return idemgate::PermanentFailure{"422 unknown container"};
+  };
+  Gate gate{*store, terminal, booking_writer()};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-422", msku.container);
+  EXPECT_EQ(gate.process(key, msku).status(), Status::failed);
+  auto again = gate.process(key, msku);
+  EXPECT_EQ(again.status(), Status::failed);
+  EXPECT_EQ(again.reason(), "422 unknown container");
+  EXPECT_EQ(terminal.calls(), 1);
+  EXPECT_EQ(booking_count(), 0);
+  EXPECT_EQ(store->find(key)->status, RecordStatus::failed);
+}
+
+TEST_F(PostgresGate, SameKeyWithDifferentRequestIsConflictAndWritesNothing) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  Gate gate{*store, terminal, booking_writer()};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", msku.container);
+  ASSERT_EQ(gate.process(key, msku).status(), Status::processed);
+  const auto before = store->find(key);
+  auto clash = gate.process(key, SlotRequest{msku.container, "2025-06-10T07:00"});
+  EXPECT_EQ(clash.status(), Status::conflict);
+  EXPECT_EQ(terminal.calls(), 1);
+  EXPECT_EQ(booking_count(), 1);
+  const auto after = store->find(key);
+  EXPECT_EQ(after->fence, before->fence);
+  EXPECT_EQ(after->fingerprint, before->fingerprint);
+  EXPECT_EQ(after->updated_at, before->updated_at);
+}
+
+namespace {
+/// Terminates a backend and waits until it is gone.
+void kill_backend(int pid) {
+  pg_exec("SELECT pg_terminate_backend(" + std::to_string(pid) + ")");
+  for (int i = 0; i < 500; ++i) {
+    if (pg_count("SELECT count(*) FROM pg_stat_activity WHERE pid = " + std::to_string(pid)) == 0)
+      return;
+    std::this_thread::sleep_for(10ms);
+  }
+  ADD_FAILURE() << "backend " << pid << " did not exit";
+}
+}  // namespace
+
+TEST_F(PostgresGate, ConnectionKilledBeforeCommitLeavesNoHalfStateAndTheCommitIsRetried) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  int kills = 1;
+  Gate gate{*store, terminal,
+            [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+              booking_writer()(tx, key, r, slot);
+              if (kills-- > 0) kill_backend(tx.conn().backendpid());
+            }};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-kill", msku.container);
+  auto result = gate.process(key, msku);
+  EXPECT_EQ(result.status(), Status::processed);
+  EXPECT_EQ(booking_count(), 1);
+  EXPECT_EQ(gate.process(key, msku).status(), Status::duplicate);
+  EXPECT_EQ(booking_count(), 1);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  expect_no_half_state();
+}
+
+TEST_F(PostgresGate, ConnectionKilledWithoutRetryLeavesRowInFlightUntilTheNextDelivery) {
+  auto store = make_store(1, /*commit_attempts=*/1);
+  FakeTerminal<> terminal;
+  int kills = 1;
+  Gate gate{*store,
+            terminal,
+            [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+              booking_writer()(tx, key, r, slot);
+              if (kills-- > 0) kill_backend(tx.conn().backendpid());
+            },
+            {.lease = 300ms}};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-kill-2", msku.container);
+  try {
+    (void)gate.process(key, msku);
+    FAIL() << "a commit whose fate is unknown must throw";
+  } catch (const idemgate::StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("Do not ack"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(booking_count(), 0);
+  expect_no_half_state();
+  std::this_thread::sleep_for(400ms);
+  auto next = gate.process(key, msku);
+  EXPECT_EQ(next.status(), Status::processed);
+  EXPECT_TRUE(next.took_over());
+  EXPECT_EQ(booking_count(), 1);
+  EXPECT_EQ(terminal.slots_issued(), 1) << "the terminal returned the original slot for the key";
+  expect_no_half_state();
+}
+
+TEST_F(PostgresGate, StaleWorkerCannotCommitAfterTakeover) {
+  auto store = make_store(2);
+  FakeTerminal<> terminal;
+  Gate gate{*store, terminal, booking_writer(), {.lease = 200ms}};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-stale", msku.container);
+  bool stalled = false;
+  terminal.before = [&](const SlotRequest& r,
+                        const Key& k) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (stalled) return std::nullopt;
+    stalled = true;
+    std::this_thread::sleep_for(300ms);
+    EXPECT_EQ(gate.process(k, r).status(), Status::processed);
+    return std::nullopt;
+  };
+  EXPECT_EQ(gate.process(key, msku).status(), Status::lost_lease);
+  EXPECT_EQ(booking_count(), 1);
+  EXPECT_EQ(store->find(key)->fence, 2);
+  expect_no_half_state();
+}
+
+TEST(PostgresStore, BadConnectionStringIsAClearErrorWithoutThePassword) {
+  try {
+    PostgresStore store("postgresql://app:s3cret@127.0.0.1:1/nowhere");
+    FAIL() << "connecting to a closed port must fail";
+  } catch (const idemgate::StoreError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("cannot connect to PostgreSQL"), std::string::npos) << message;
+    EXPECT_EQ(message.find("s3cret"), std::string::npos) << message;
+  }
+  EXPECT_THROW(PostgresStore("not a uri at all ==="), idemgate::StoreError);
+}
+
+TEST(PostgresStore, UnusableTableNameIsRefused) {
+  const std::string uri = idemgate::test::pg_uri();
+  ASSERT_FALSE(uri.empty());
+  EXPECT_THROW(PostgresStore(uri, {.table = "log; DROP TABLE x"}), std::invalid_argument);
+  EXPECT_THROW(PostgresStore(uri, {.table = ""}), std::invalid_argument);
+  EXPECT_NO_THROW(PostgresStore(uri, {.table = "public.idemgate_log"}));
+}
+
+TEST(PostgresStore, MissingTableSaysToMigrate) {
+  const std::string uri = idemgate::test::pg_uri();
+  ASSERT_FALSE(uri.empty());
+  PostgresStore store(uri, {.table = "never_migrated_table"});
+  try {
+    (void)store.find(idemgate::derive_key("a", "b"));
+    FAIL() << "a missing table must be reported";
+  } catch (const idemgate::StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("migrate()"), std::string::npos) << e.what();
+  }
+}
