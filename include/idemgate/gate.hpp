@@ -8,9 +8,11 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace idemgate {
 
@@ -126,6 +128,22 @@ class Gate {
       std::invoke(apply_, tx, key, request, outcome);
     else
       std::invoke(apply_, tx, request, outcome);
+  }
+
+  /// Up to `limit` escalated events, oldest first: the manual queue.
+  std::vector<Record> escalated(std::size_t limit = 100) { return store_.escalated(limit); }
+
+  /// Resolves an escalated event by hand with `outcome`: commits it with the business write in
+  /// one transaction. False when the event is not escalated (unknown, or resolved already).
+  bool resolve(const Key& key, const outcome_type& outcome) {
+    const std::optional<Record> row = store_.find(key);
+    if (!row || row->status != RecordStatus::escalated) return false;
+    const request_type request = decode_request(row->request);
+    std::string outcome_bytes;
+    codec<outcome_type>::encode(outcome, outcome_bytes);
+    return store_.resolve(key, outcome_bytes, [&](typename Store::transaction& tx) {
+      apply(tx, key, request, outcome);
+    });
   }
 
   /// Encodes a request as the store keeps it; throws `RequestError` when it cannot.

@@ -1,46 +1,11 @@
 #pragma once
 
-// The seed's Monday: 39 containers, 87 deliveries. 17 notifications are delivered 2 to 6 times,
-// the rest once, in a shuffled order.
+// The Monday of the story, shared with the examples.
 
-#include <algorithm>
-#include <random>
-#include <string>
-#include <vector>
+#include <ect_delta/portbase.hpp>
 
 namespace idemgate::test {
-
-/// One Portbase notification.
-struct Notification {
-  std::string notification_id;
-  std::string equipment_number;
-  std::string preferred_window;
-};
-
-/// The notifications of the Monday (one per container).
-inline std::vector<Notification> monday_notifications() {
-  std::vector<Notification> all;
-  for (int i = 0; i < 39; ++i) {
-    all.push_back({"CIS-2025-06-09-" + std::to_string(1000 + i),
-                   "MSKU" + std::to_string(7000000 + i * 37),
-                   "2025-06-09T" + std::to_string(6 + i % 12) + ":00"});
-  }
-  return all;
-}
-
-/// 87 deliveries of the 39 notifications, shuffled with `seed`.
-inline std::vector<Notification> monday_deliveries(unsigned seed = 9) {
-  const auto notifications = monday_notifications();
-  // 17 notifications delivered more than once (2 to 6 copies, 65 in all) plus 22 once: 87.
-  const int copies[17] = {6, 6, 5, 5, 5, 4, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2};
-  std::vector<Notification> deliveries;
-  for (std::size_t i = 0; i < notifications.size(); ++i) {
-    const int n = i < 17 ? copies[i] : 1;
-    for (int c = 0; c < n; ++c) deliveries.push_back(notifications[i]);
-  }
-  std::mt19937 rng(seed);
-  std::shuffle(deliveries.begin(), deliveries.end(), rng);
-  return deliveries;
-}
-
+using ect_delta::monday_deliveries;
+using ect_delta::monday_notifications;
+using ect_delta::Notification;
 }  // namespace idemgate::test

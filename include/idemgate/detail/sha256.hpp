@@ -19,6 +19,12 @@
 #define IDEMGATE_SHA256_STACK 1
 #endif
 
+// Calls one of OpenSSL's deprecated SHA256_* functions without the deprecation warning.
+#define IDEMGATE_SHA256_LEGACY(call)                                                             \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"") \
+      call;                                                                                      \
+  _Pragma("GCC diagnostic pop")
+
 namespace idemgate::detail {
 
 /// Incremental SHA-256 that allocates nothing per digest.
@@ -28,35 +34,9 @@ class Sha256 {
   using digest_type = std::array<unsigned char, 32>;
 
 #if IDEMGATE_SHA256_STACK
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   Sha256() noexcept {
     reset();
   }
-
-  /// Starts a new digest.
-  void reset() noexcept {
-    SHA256_Init(&ctx_);
-  }
-
-  /// Feeds bytes into the digest.
-  void update(const void* data, std::size_t size) noexcept {
-    if (size != 0) SHA256_Update(&ctx_, data, size);
-  }
-
-  /// Finishes the digest and starts the next one.
-  digest_type finish() noexcept {
-    digest_type out{};
-    SHA256_Final(out.data(), &ctx_);
-    reset();
-    return out;
-  }
-#pragma GCC diagnostic pop
-
- private:
-  SHA256_CTX ctx_{};
-
- public:
 #else
   Sha256() : ctx_(EVP_MD_CTX_new()) {
     if (ctx_ == nullptr) throw std::bad_alloc();
@@ -67,39 +47,54 @@ class Sha256 {
   }
   Sha256(const Sha256&) = delete;
   Sha256& operator=(const Sha256&) = delete;
+#endif
 
   /// Starts a new digest.
   void reset() {
+#if IDEMGATE_SHA256_STACK
+    IDEMGATE_SHA256_LEGACY(SHA256_Init(&ctx_));
+#else
     if (EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1)
       throw std::runtime_error("idemgate: OpenSSL could not initialise SHA-256");
+#endif
   }
 
   /// Feeds bytes into the digest.
   void update(const void* data, std::size_t size) {
-    if (size != 0 && EVP_DigestUpdate(ctx_, data, size) != 1)
+    if (size == 0) return;
+#if IDEMGATE_SHA256_STACK
+    IDEMGATE_SHA256_LEGACY(SHA256_Update(&ctx_, data, size));
+#else
+    if (EVP_DigestUpdate(ctx_, data, size) != 1)
       throw std::runtime_error("idemgate: OpenSSL SHA-256 update failed");
-  }
-
-  /// Finishes the digest and starts the next one.
-  digest_type finish() {
-    digest_type out{};
-    unsigned int length = 0;
-    if (EVP_DigestFinal_ex(ctx_, out.data(), &length) != 1 || length != out.size())
-      throw std::runtime_error("idemgate: OpenSSL SHA-256 final failed");
-    reset();
-    return out;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-
- public:
 #endif
+  }
 
   /// Feeds a string's bytes into the digest.
   void update(std::string_view bytes) {
     update(bytes.data(), bytes.size());
   }
+
+  /// Finishes the digest and starts the next one.
+  digest_type finish() {
+    digest_type out{};
+#if IDEMGATE_SHA256_STACK
+    IDEMGATE_SHA256_LEGACY(SHA256_Final(out.data(), &ctx_));
+#else
+    unsigned int length = 0;
+    if (EVP_DigestFinal_ex(ctx_, out.data(), &length) != 1 || length != out.size())
+      throw std::runtime_error("idemgate: OpenSSL SHA-256 final failed");
+#endif
+    reset();
+    return out;
+  }
+
+ private:
+#if IDEMGATE_SHA256_STACK
+  SHA256_CTX ctx_{};
+#else
+  EVP_MD_CTX* ctx_;
+#endif
 };
 
 /// This thread's reusable SHA-256 context.

@@ -1,0 +1,427 @@
+#pragma once
+
+/// A fake ECT Delta slot API over real HTTP on 127.0.0.1, for the example and the tests.
+///
+/// `POST /slots` with `{"container": "...", "window": "..."}` claims a slot and answers 201 with
+/// `{"slot": "ECTD-000001", "container": "...", "window": "..."}`. It honours `Idempotency-Key`
+/// as the IETF draft describes: the same key within its retention replays the original answer
+/// (with `Idempotent-Replayed: true`), the same key with a different body is 422, a key whose
+/// first request is still running is 409, and a claim without a key is 400.
+/// `GET /slots?idempotency_key=<key>` answers 200 with the slot claimed under the key, or 404.
+///
+/// It counts what it was asked and has fault switches: lost responses, error bursts, latency,
+/// and a mode that ignores keys, like the terminal in the incident this library comes from.
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace ect_delta {
+
+/// Just enough JSON for this API's flat objects of string fields; not a JSON parser.
+namespace json {
+
+/// The value of the string field `name` in the flat object `object`, unescaped; nullopt when it
+/// is missing, not a string, or uses an escape this helper does not know (`\u`, `\b`, `\f`).
+inline std::optional<std::string> string_field(std::string_view object, std::string_view name) {
+  const std::string token = '"' + std::string(name) + '"';
+  const auto skip_space = [&](std::size_t i) {
+    while (i < object.size() &&
+           (object[i] == ' ' || object[i] == '\t' || object[i] == '\n' || object[i] == '\r'))
+      ++i;
+    return i;
+  };
+  for (std::size_t at = object.find(token); at != std::string_view::npos;
+       at = object.find(token, at + 1)) {
+    std::size_t i = skip_space(at + token.size());
+    // A value equal to the name is followed by ',' or '}', not ':'.
+    if (i >= object.size() || object[i] != ':') continue;
+    i = skip_space(i + 1);
+    if (i >= object.size() || object[i] != '"') return std::nullopt;
+    std::string value;
+    for (++i; i < object.size(); ++i) {
+      const char c = object[i];
+      if (c == '"') return value;
+      if (c != '\\') {
+        value += c;
+        continue;
+      }
+      if (++i >= object.size()) return std::nullopt;
+      switch (object[i]) {
+        case '"':
+        case '\\':
+        case '/':
+          value += object[i];
+          break;
+        case 'n':
+          value += '\n';
+          break;
+        case 't':
+          value += '\t';
+          break;
+        case 'r':
+          value += '\r';
+          break;
+        default:
+          return std::nullopt;
+      }
+    }
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+/// `text` as a JSON string literal, quotes included.
+inline std::string quote(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out + '"';
+}
+
+}  // namespace json
+
+/// One claimed slot.
+struct Slot {
+  /// The terminal's slot id, e.g. "ECTD-000123".
+  std::string id;
+  /// The container (equipment number) the slot is for.
+  std::string container;
+  /// The time window asked for.
+  std::string window;
+
+  /// The JSON the API answers with.
+  [[nodiscard]] std::string to_json() const {
+    return "{\"slot\":" + json::quote(id) + ",\"container\":" + json::quote(container) +
+           ",\"window\":" + json::quote(window) + '}';
+  }
+};
+
+/// Tuning of a `TerminalServer`.
+struct TerminalServerOptions {
+  /// How long a key is remembered; a key reused after that claims a new slot.
+  std::chrono::milliseconds key_retention = std::chrono::hours(24);
+  /// False: every claim gets a new slot, whatever its key (see `set_honours_keys`).
+  bool honours_keys = true;
+};
+
+/**
+ * The fake slot API, served on 127.0.0.1 at an ephemeral port from a background thread.
+ *
+ * Thread-safe: counters and switches may be used while requests are being served. Slots and keys
+ * survive `stop()` and a later `start()` (which binds the same port again), like a terminal
+ * restarting over its database.
+ *
+ * Example:
+ *   ect_delta::TerminalServer terminal;
+ *   terminal.start();
+ *   idemgate::HttpDownstream<SlotApi> downstream{terminal.base_url()};
+ *   ...
+ *   std::cout << terminal.slots_issued() << " slots for " << containers << " containers\n";
+ */
+class TerminalServer {
+ public:
+  /// A server that is not yet listening; call `start()`.
+  explicit TerminalServer(TerminalServerOptions options = {})
+      : retention_(options.key_retention), honours_keys_(options.honours_keys) {}
+  TerminalServer(const TerminalServer&) = delete;
+  TerminalServer& operator=(const TerminalServer&) = delete;
+  /// Stops the server.
+  ~TerminalServer() { stop(); }
+
+  /// Binds 127.0.0.1 (an ephemeral port the first time, the same port after a `stop()`) and
+  /// serves from a background thread; returns once it accepts connections. Throws
+  /// `std::runtime_error` when it cannot bind.
+  void start() {
+    std::lock_guard lifecycle(lifecycle_mutex_);
+    if (server_) return;
+    auto server = std::make_unique<httplib::Server>();
+    server->Post("/slots", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_claim(req, res);
+    });
+    server->Get("/slots", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_lookup(req, res);
+    });
+    if (port_ == 0) {
+      const int port = server->bind_to_any_port("127.0.0.1");
+      if (port <= 0) throw std::runtime_error("TerminalServer: cannot bind 127.0.0.1");
+      port_ = port;
+    } else if (!server->bind_to_port("127.0.0.1", port_)) {
+      throw std::runtime_error("TerminalServer: cannot bind 127.0.0.1:" + std::to_string(port_) +
+                               " again");
+    }
+    stopping_ = false;
+    thread_ = std::thread([s = server.get()] { s->listen_after_bind(); });
+    // stop() is a no-op until the accept loop runs, so wait for it.
+    while (!server->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    server_ = std::move(server);
+  }
+
+  /// Stops listening, wakes handlers held by `set_latency`, and waits for them to finish.
+  void stop() {
+    std::lock_guard lifecycle(lifecycle_mutex_);
+    if (!server_) return;
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    server_->stop();
+    thread_.join();
+    server_.reset();
+  }
+
+  /// The port; 0 before the first `start()`.
+  [[nodiscard]] int port() const {
+    std::lock_guard lifecycle(lifecycle_mutex_);
+    return port_;
+  }
+  /// "http://127.0.0.1:<port>".
+  [[nodiscard]] std::string base_url() const {
+    return "http://127.0.0.1:" + std::to_string(port());
+  }
+
+  /// `POST /slots` requests received, whatever was answered.
+  [[nodiscard]] int claims_received() const { return claims_received_.load(); }
+  /// `GET /slots` requests received.
+  [[nodiscard]] int lookups_received() const { return lookups_received_.load(); }
+  /// Claims that have reserved their key and not yet answered (see `set_latency`).
+  [[nodiscard]] int claims_in_progress() const { return claims_in_progress_.load(); }
+  /// Slots handed out.
+  [[nodiscard]] int slots_issued() const {
+    std::lock_guard lock(mutex_);
+    return issued_;
+  }
+  /// Distinct slots handed out for one container.
+  [[nodiscard]] std::size_t slots_for(const std::string& container) const {
+    std::lock_guard lock(mutex_);
+    const auto it = by_container_.find(container);
+    return it == by_container_.end() ? 0 : it->second.size();
+  }
+  /// Distinct slots handed out under one key (unquoted). Healthy: at most one.
+  [[nodiscard]] std::size_t distinct_slots_for_key(const std::string& key) const {
+    std::lock_guard lock(mutex_);
+    const auto it = by_key_.find(key);
+    return it == by_key_.end() ? 0 : it->second.size();
+  }
+  /// The most distinct slots any one key got. Healthy: 1 (0 before any claim).
+  [[nodiscard]] std::size_t max_distinct_slots_per_key() const {
+    std::lock_guard lock(mutex_);
+    std::size_t most = 0;
+    for (const auto& [key, slots] : by_key_) most = std::max(most, slots.size());
+    return most;
+  }
+  /// The `Idempotency-Key` header of every claim, as received (quotes included); an empty
+  /// string for a claim without one.
+  [[nodiscard]] std::vector<std::string> key_headers_received() const {
+    std::lock_guard lock(mutex_);
+    return key_headers_;
+  }
+  /// The slot the terminal holds under a key (unquoted), if any.
+  [[nodiscard]] std::optional<Slot> slot_for_key(const std::string& key) const {
+    std::lock_guard lock(mutex_);
+    const auto it = entries_.find(key);
+    if (it == entries_.end() || !it->second.done) return std::nullopt;
+    return it->second.slot;
+  }
+
+  /// Lost acknowledgements: the next `n` claims do their work (claim or replay), then the
+  /// connection is closed after the status line and headers, before the body. The client sees
+  /// a read error and no response.
+  void drop_next_responses(int n) {
+    std::lock_guard lock(mutex_);
+    drops_left_ = n;
+  }
+  /// Error bursts: the next `n` claims answer `status` (503 by default; 429 and 503 carry
+  /// `Retry-After: 1`) without claiming or looking at their key.
+  void fail_next_claims(int n, int status = 503) {
+    std::lock_guard lock(mutex_);
+    failures_left_ = n;
+    failure_status_ = status;
+  }
+  /// Makes every claim wait `latency` after reserving its key and before claiming the slot.
+  void set_latency(std::chrono::milliseconds latency) {
+    std::lock_guard lock(mutex_);
+    latency_ = latency;
+  }
+  /// False: every claim gets a new slot and lookups find nothing, whatever the key (the keys
+  /// are still counted).
+  void set_honours_keys(bool honours) {
+    std::lock_guard lock(mutex_);
+    honours_keys_ = honours;
+  }
+
+ private:
+  struct Entry {
+    std::string container;
+    std::string window;
+    bool done = false;
+    Slot slot;
+    std::chrono::steady_clock::time_point created;
+  };
+
+  static std::string unquote(std::string_view header) {
+    while (!header.empty() && header.front() == ' ') header.remove_prefix(1);
+    while (!header.empty() && header.back() == ' ') header.remove_suffix(1);
+    if (header.size() >= 2 && header.front() == '"' && header.back() == '"')
+      header = header.substr(1, header.size() - 2);
+    return std::string(header);
+  }
+
+  static void answer_error(httplib::Response& res, int status, std::string_view message) {
+    res.status = status;
+    if (status == 429 || status == 503) res.set_header("Retry-After", "1");
+    res.set_content("{\"error\":" + json::quote(message) + '}', "application/json");
+  }
+
+  static void answer_slot(httplib::Response& res, const Slot& slot, bool replayed, bool drop) {
+    res.status = 201;
+    if (replayed) res.set_header("Idempotent-Replayed", "true");
+    const std::string body = slot.to_json();
+    if (drop) {
+      // The status line and headers go out, the body never does: the connection is closed
+      // mid-response, which the client cannot tell from a lost acknowledgement.
+      res.set_content_provider(body.size(), "application/json",
+                               [](std::size_t, std::size_t, httplib::DataSink&) { return false; });
+      return;
+    }
+    res.set_content(body, "application/json");
+  }
+
+  bool take_drop() {
+    if (drops_left_ <= 0) return false;
+    --drops_left_;
+    return true;
+  }
+
+  void handle_claim(const httplib::Request& req, httplib::Response& res) {
+    claims_received_.fetch_add(1);
+    const std::string header = req.get_header_value("Idempotency-Key");
+    std::unique_lock lock(mutex_);
+    key_headers_.push_back(header);
+    if (failures_left_ > 0) {
+      --failures_left_;
+      return answer_error(res, failure_status_, "injected failure");
+    }
+    const auto container = json::string_field(req.body, "container");
+    const auto window = json::string_field(req.body, "window");
+    if (!container || container->empty() || !window || window->empty())
+      return answer_error(res, 400, "body needs non-empty string fields container and window");
+    const std::string key = unquote(header);
+    const bool honours = honours_keys_;
+    if (honours && key.empty())
+      return answer_error(res, 400, "Idempotency-Key header is required for POST /slots");
+
+    if (honours) {
+      auto it = entries_.find(key);
+      const auto now = std::chrono::steady_clock::now();
+      if (it != entries_.end() && it->second.done && now - it->second.created > retention_) {
+        entries_.erase(it);
+        it = entries_.end();
+      }
+      if (it != entries_.end()) {
+        const Entry& entry = it->second;
+        if (entry.container != *container || entry.window != *window)
+          return answer_error(res, 422, "Idempotency-Key was first used with a different body");
+        if (!entry.done)
+          return answer_error(res, 409, "a request with this Idempotency-Key is in progress");
+        const Slot replay = entry.slot;
+        const bool drop = take_drop();
+        lock.unlock();
+        return answer_slot(res, replay, true, drop);
+      }
+      entries_[key] = Entry{*container, *window, false, {}, now};
+    }
+
+    claims_in_progress_.fetch_add(1);
+    wake_.wait_for(lock, latency_, [this] { return stopping_; });
+    Slot slot{next_slot_id(), *container, *window};
+    by_container_[slot.container].insert(slot.id);
+    if (!key.empty()) by_key_[key].insert(slot.id);
+    if (honours) {
+      Entry& entry = entries_[key];
+      entry.done = true;
+      entry.slot = slot;
+      entry.created = std::chrono::steady_clock::now();
+    }
+    claims_in_progress_.fetch_sub(1);
+    const bool drop = take_drop();
+    lock.unlock();
+    answer_slot(res, slot, false, drop);
+  }
+
+  void handle_lookup(const httplib::Request& req, httplib::Response& res) {
+    lookups_received_.fetch_add(1);
+    if (!req.has_param("idempotency_key"))
+      return answer_error(res, 400, "GET /slots needs the idempotency_key query parameter");
+    const std::string key = unquote(req.get_param_value("idempotency_key"));
+    std::optional<Slot> slot;
+    {
+      std::lock_guard lock(mutex_);
+      const auto it = entries_.find(key);
+      if (honours_keys_ && it != entries_.end() && it->second.done &&
+          std::chrono::steady_clock::now() - it->second.created <= retention_)
+        slot = it->second.slot;
+    }
+    if (!slot) return answer_error(res, 404, "no slot under this Idempotency-Key");
+    res.status = 200;
+    res.set_content(slot->to_json(), "application/json");
+  }
+
+  std::string next_slot_id() {
+    char id[24];
+    std::snprintf(id, sizeof id, "ECTD-%06d", ++issued_);
+    return id;
+  }
+
+  mutable std::mutex lifecycle_mutex_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::chrono::milliseconds retention_;
+  bool honours_keys_;
+  std::chrono::milliseconds latency_{0};
+  int drops_left_ = 0;
+  int failures_left_ = 0;
+  int failure_status_ = 503;
+  int issued_ = 0;
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::set<std::string>> by_container_;
+  std::map<std::string, std::set<std::string>> by_key_;
+  std::vector<std::string> key_headers_;
+
+  std::atomic<int> claims_received_{0};
+  std::atomic<int> lookups_received_{0};
+  std::atomic<int> claims_in_progress_{0};
+};
+
+}  // namespace ect_delta

@@ -1,0 +1,226 @@
+#pragma once
+
+/// The ledger's HTTP face, on cpp-httplib: the signed webhook endpoint and the account view.
+///
+/// `POST /webhooks` checks, in this order, and nothing touches the database before the third:
+///   1. the Standard Webhooks signature and replay window (401 / 400),
+///   2. the body and the event contract (400 malformed / 422 unknown_event_type),
+///   3. the gate, keyed by `webhook-id` alone (200 accepted / duplicate, 402, 409, 503).
+/// `GET /accounts/{account}` shows the balance, the debits, the inbox and the event records;
+/// `GET /stats` counts the answers given (a duplicate ratio of zero under real traffic means the
+/// key derivation is broken; a high one means the sender misbehaves).
+
+#include "json.hpp"
+#include "ledger.hpp"
+
+#include <idemgate/webhook/standard.hpp>
+
+#include <httplib.h>
+
+#include <chrono>
+#include <exception>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace prepaid {
+
+/// Tuning of a `Server`.
+struct ServerOptions {
+  /// Worker threads; a keep-alive connection holds one while it is open.
+  std::size_t threads = 16;
+  /// Largest webhook body accepted (httplib answers 413 beyond it).
+  std::size_t max_body_bytes = 64 * 1024;
+};
+
+/// An HTTP answer: status code and JSON body.
+struct Reply {
+  /// The HTTP status.
+  int status = 200;
+  /// The JSON body.
+  std::string body;
+  /// Whether to ask the sender to retry shortly (`Retry-After: 1`).
+  bool retry_later = false;
+};
+
+/// The reply for a delivery refused at the signed edge; nothing was written.
+[[nodiscard]] inline Reply edge_reply(idemgate::WebhookRejection rejection) {
+  switch (rejection) {
+    case idemgate::WebhookRejection::missing_header:
+      return {401, R"({"error":"missing_header"})"};
+    case idemgate::WebhookRejection::bad_signature:
+      return {401, R"({"error":"bad_signature"})"};
+    case idemgate::WebhookRejection::malformed_timestamp:
+      return {400, R"({"error":"malformed"})"};
+    case idemgate::WebhookRejection::stale:
+      return {400, R"({"error":"stale_timestamp"})"};
+    case idemgate::WebhookRejection::future:
+      return {400, R"({"error":"future_timestamp"})"};
+    case idemgate::WebhookRejection::unusable_secret:
+      break;
+  }
+  return {500, R"({"error":"unusable_secret"})"};
+}
+
+/// The reply for an event the gate saw.
+[[nodiscard]] inline Reply answer_reply(Answer answer) {
+  switch (answer) {
+    case Answer::accepted:
+      return {200, R"({"status":"accepted"})"};
+    case Answer::duplicate:
+      return {200, R"({"status":"duplicate"})"};
+    case Answer::insufficient_balance:
+      return {402, R"({"error":"insufficient_balance"})"};
+    case Answer::message_conflict:
+      return {409, R"({"error":"message_conflict"})"};
+    case Answer::event_conflict:
+      return {409, R"({"error":"event_conflict"})"};
+    case Answer::in_flight:
+      return {409, R"({"error":"in_flight"})", true};
+    case Answer::escalated:
+      return {202, R"({"status":"escalated"})"};
+    case Answer::unavailable:
+      break;
+  }
+  return {503, R"({"error":"unavailable"})", true};
+}
+
+/// The JSON of an account, as `GET /accounts/{account}` answers it.
+[[nodiscard]] inline std::string account_json(const Account& account) {
+  std::string out = "{\"balance_cents\":" + std::to_string(account.balance_cents) + ",\"debits\":[";
+  for (std::size_t i = 0; i < account.debits.size(); ++i) {
+    const DebitRow& d = account.debits[i];
+    out += (i ? "," : "");
+    out += "{\"debit_id\":" + std::to_string(d.debit_id) +
+           ",\"event_id\":" + json::quote(d.event_id) +
+           ",\"message_id\":" + json::quote(d.message_id) +
+           ",\"cost_cents\":" + std::to_string(d.cost_cents) + '}';
+  }
+  out += "],\"inbox\":[";
+  for (std::size_t i = 0; i < account.inbox.size(); ++i) {
+    const InboxRow& r = account.inbox[i];
+    out += (i ? "," : "");
+    out +=
+        "{\"inbox_id\":" + std::to_string(r.inbox_id) + ",\"event_id\":" + json::quote(r.event_id) +
+        ",\"message_id\":" + json::quote(r.message_id) + ",\"from\":" + json::quote(r.from) + '}';
+  }
+  out += "],\"events\":[";
+  for (std::size_t i = 0; i < account.events.size(); ++i) {
+    const EventRow& e = account.events[i];
+    out += (i ? "," : "");
+    out += "{\"event_id\":" + json::quote(e.event_id) + ",\"kind\":" + json::quote(e.kind) +
+           ",\"entry_id\":" + std::to_string(e.entry_id) +
+           ",\"message_id\":" + json::quote(e.message_id) +
+           ",\"reused\":" + (e.reused ? "true" : "false") + '}';
+  }
+  return out + "]}";
+}
+
+/**
+ * The HTTP server in front of a `PrepaidLedger`, bound to 127.0.0.1 only.
+ *
+ * Example:
+ *   prepaid::Server server{service, verifier};
+ *   int port = server.bind(0);   // 0: an ephemeral port
+ *   server.listen();             // until stop()
+ */
+template <class Service>
+class Server {
+ public:
+  /// A server for `service`, verifying deliveries with `verifier`.
+  Server(Service& service, const idemgate::StandardWebhookVerifier& verifier,
+         ServerOptions options = {})
+      : service_(service), verifier_(verifier) {
+    http_.new_task_queue = [threads = options.threads] { return new httplib::ThreadPool(threads); };
+    http_.set_payload_max_length(options.max_body_bytes);
+    http_.set_keep_alive_max_count(100000);
+    http_.Post("/webhooks", [this](const httplib::Request& req, httplib::Response& res) {
+      send(res, webhook(req));
+    });
+    http_.Get(R"(/accounts/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+      send(res, account(req.matches[1].str()));
+    });
+    http_.Get("/stats",
+              [this](const httplib::Request&, httplib::Response& res) { send(res, stats()); });
+  }
+
+  /// Binds 127.0.0.1:`port` (0: an ephemeral port); the port bound. Throws when it cannot.
+  int bind(int port) {
+    const int bound = port == 0 ? http_.bind_to_any_port("127.0.0.1")
+                                : (http_.bind_to_port("127.0.0.1", port) ? port : -1);
+    if (bound <= 0)
+      throw std::runtime_error("cannot listen on 127.0.0.1:" + std::to_string(port) +
+                               "; is the port in use?");
+    return bound;
+  }
+
+  /// Serves until `stop()`.
+  void listen() { http_.listen_after_bind(); }
+
+  /// Stops serving; `listen()` returns.
+  void stop() { http_.stop(); }
+
+  /// One webhook delivery: the signed edge, the contract, then the gate.
+  Reply webhook(const httplib::Request& req) {
+    const idemgate::WebhookVerification verified = verifier_.verify(req.headers, req.body);
+    if (!verified.ok()) return edge_reply(verified.rejection());
+
+    const std::optional<json::Value> document = json::parse(req.body);
+    if (!document || document->kind != json::Value::Kind::object) return malformed();
+    const std::optional<std::string> type = document->string("type");
+    if (!type) return malformed();
+    if (!contract().check(*type)) return {422, R"({"error":"unknown_event_type"})"};
+    const std::optional<Event> event = event_from(*document, *type, verified.id());
+    if (!event) return malformed();
+
+    // The key comes from what the sender controls: its event id, never a transport detail.
+    const idemgate::Key key = idemgate::derive_key(key_scope, verified.id());
+    try {
+      return answer_reply(service_.handle(key, *event));
+    } catch (const idemgate::RequestError&) {
+      return malformed();
+    }
+  }
+
+  /// `GET /accounts/{account}`.
+  Reply account(const std::string& id) {
+    if (!usable_account(id)) return {404, R"({"error":"unknown_account"})"};
+    try {
+      const std::optional<Account> found = service_.account(id);
+      if (!found) return {404, R"({"error":"unknown_account"})"};
+      return {200, account_json(*found)};
+    } catch (const std::exception&) {
+      return {503, R"({"error":"unavailable"})", true};
+    }
+  }
+
+  /// `GET /stats`: the answers given since start, and the latest reconciler pass.
+  Reply stats() {
+    std::string out = "{";
+    for (const auto& [name, count] : service_.counts())
+      out += json::quote(name) + ':' + std::to_string(count) + ',';
+    const idemgate::ReconcileReport report = service_.last_reconcile();
+    out += "\"last_reconcile\":{\"taken\":" + std::to_string(report.taken) +
+           ",\"found\":" + std::to_string(report.found) +
+           ",\"reclaimed\":" + std::to_string(report.reclaimed) +
+           ",\"errors\":" + std::to_string(report.errors) + "}}";
+    return {200, out};
+  }
+
+ private:
+  static Reply malformed() { return {400, R"({"error":"malformed"})"}; }
+
+  static void send(httplib::Response& res, const Reply& reply) {
+    res.status = reply.status;
+    if (reply.retry_later) res.set_header("Retry-After", "1");
+    res.set_content(reply.body, "application/json");
+  }
+
+  Service& service_;
+  const idemgate::StandardWebhookVerifier& verifier_;
+  httplib::Server http_;
+};
+
+}  // namespace prepaid

@@ -1,0 +1,32 @@
+# Runs the README example twice against the test server: the first delivery is processed, the
+# second is a duplicate. Also checks that README.md shows the example exactly as it is built.
+if(NOT DEFINED ENV{IDEMGATE_TEST_PG} OR "$ENV{IDEMGATE_TEST_PG}" STREQUAL "")
+  message(FATAL_ERROR "IDEMGATE_TEST_PG is not set: run scripts/test, which starts a PostgreSQL")
+endif()
+file(READ ${SOURCE} source)
+file(READ ${README} readme)
+string(FIND "${readme}" "${source}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "README.md does not show examples/wrap_one_call/main.cpp as it is built")
+endif()
+find_program(PSQL psql REQUIRED)
+execute_process(COMMAND ${PSQL} $ENV{IDEMGATE_TEST_PG} -qc
+  "DROP TABLE IF EXISTS tms_bookings, idemgate_log; CREATE TABLE tms_bookings (container text, slot_id text)"
+  RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "could not prepare the tables")
+endif()
+foreach(expected processed duplicate)
+  execute_process(COMMAND ${EXAMPLE} $ENV{IDEMGATE_TEST_PG} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+  string(STRIP "${out}" out)
+  if(NOT rc EQUAL 0 OR NOT out STREQUAL expected)
+    message(FATAL_ERROR "expected '${expected}', got '${out}' (exit ${rc})")
+  endif()
+endforeach()
+execute_process(COMMAND ${PSQL} $ENV{IDEMGATE_TEST_PG} -tAc "SELECT count(*) FROM tms_bookings"
+  OUTPUT_VARIABLE rows)
+string(STRIP "${rows}" rows)
+execute_process(COMMAND ${PSQL} $ENV{IDEMGATE_TEST_PG} -qc "DROP TABLE tms_bookings, idemgate_log")
+if(NOT rows STREQUAL "1")
+  message(FATAL_ERROR "expected one booking, found ${rows}")
+endif()

@@ -1,0 +1,235 @@
+#pragma once
+
+#include "concepts.hpp"
+#include "gate.hpp"
+#include "outcome.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace idemgate {
+
+/// Tuning of a `Reconciler`.
+struct ReconcilerOptions {
+  /// Time between passes of the background loop.
+  std::chrono::milliseconds interval = std::chrono::minutes(1);
+  /// An in-flight row is stranded when its lease has expired and it has not changed for this
+  /// long.
+  std::chrono::milliseconds stale_after = std::chrono::minutes(2);
+  /// Most rows taken over in one pass.
+  std::size_t batch = 100;
+};
+
+/// What one reconciler pass did.
+struct ReconcileReport {
+  /// Stranded rows taken over in this pass.
+  std::size_t taken = 0;
+  /// Finished with the outcome the downstream already held under the original key.
+  std::size_t found = 0;
+  /// Finished by claiming again under the same key (the downstream had nothing yet).
+  std::size_t reclaimed = 0;
+  /// Finished with a permanent downstream failure.
+  std::size_t failed = 0;
+  /// Moved to the manual queue.
+  std::size_t escalated = 0;
+  /// Left in flight for a later pass (the downstream failed for now).
+  std::size_t deferred = 0;
+  /// Lost to another worker that took the row over meanwhile.
+  std::size_t lost = 0;
+  /// Rows whose finishing threw (store down, business write refused); left in flight.
+  std::size_t errors = 0;
+  /// The first error's message, if any.
+  std::string first_error;
+};
+
+/**
+ * Finishes stranded in-flight work: rows whose worker died between the reservation and the
+ * commit.
+ *
+ * For each stranded row it takes the row over (fence bump), then asks the downstream what it
+ * already holds under the original key and commits that with the business write. It claims
+ * again, under the same key, only when the downstream holds nothing and honours keys; it never
+ * claims anew for a key the downstream already has. A downstream that can neither look up nor
+ * honour keys gets the row escalated. Several reconcilers on one store never take the same row.
+ *
+ * Example:
+ *   idemgate::Reconciler reconciler{gate};
+ *   reconciler.start();  // a pass every minute until stop() or destruction
+ */
+template <store Store, downstream Downstream, class Apply>
+class Reconciler {
+ public:
+  /// The gate whose stranded rows this reconciler finishes.
+  using gate_type = Gate<Store, Downstream, Apply>;
+
+  /// A reconciler for `gate`'s store and downstream.
+  explicit Reconciler(gate_type& gate, ReconcilerOptions options = {})
+      : gate_(gate), options_(options) {}
+
+  Reconciler(const Reconciler&) = delete;
+  Reconciler& operator=(const Reconciler&) = delete;
+  ~Reconciler() { stop(); }
+
+  /// One pass: takes over at most `batch` stranded rows and finishes each.
+  ReconcileReport run_once() {
+    ReconcileReport report;
+    const auto stranded =
+        gate_.store().take_stale(options_.batch, options_.stale_after, gate_.options().lease);
+    report.taken = stranded.size();
+    for (const Stranded& row : stranded) {
+      try {
+        finish(row, report);
+      } catch (const std::exception& e) {
+        // The row stays in flight under this pass's fence; a later pass takes it again.
+        ++report.errors;
+        if (report.first_error.empty()) report.first_error = e.what();
+      }
+    }
+    return report;
+  }
+
+  /// Starts the background loop: a pass now, then one every `interval`, until `stop()`.
+  void start() {
+    std::lock_guard lock(control_);
+    if (worker_.joinable()) return;
+    worker_ = std::jthread([this](std::stop_token stop) { loop(stop); });
+  }
+
+  /// Stops the background loop and waits for the current pass to end.
+  void stop() {
+    std::lock_guard lock(control_);
+    if (!worker_.joinable()) return;
+    worker_.request_stop();
+    wake_.notify_all();
+    worker_.join();
+  }
+
+  /// The report of the background loop's latest pass.
+  [[nodiscard]] ReconcileReport last_report() const {
+    std::lock_guard lock(report_mutex_);
+    return last_;
+  }
+
+ private:
+  void finish(const Stranded& row, ReconcileReport& report) {
+    std::optional<typename gate_type::request_type> decoded;
+    try {
+      decoded.emplace(gate_.decode_request(row.request));
+    } catch (const std::exception& e) {
+      park(row, std::string("the stored request does not decode: ") + e.what(), report);
+      return;
+    }
+    const auto& request = *decoded;
+    if constexpr (lookup_downstream<Downstream>) {
+      const LookupResult<typename gate_type::outcome_type> held = look_up(row.key);
+      if (held.found()) {
+        count(gate_.commit(row.key, row.fence, request, held.outcome()).status(), report,
+              report.found);
+        return;
+      }
+      if (held.transient()) {
+        ++report.deferred;
+        return;
+      }
+    }
+    if constexpr (Downstream::honours_idempotency_key) {
+      const auto answer = claim(row.key, request);
+      if (answer.transient()) {
+        // No message carries this event any more: keep the row in flight for a later pass.
+        ++report.deferred;
+        return;
+      }
+      count(gate_.finish(row.key, row.fence, request, answer).status(), report, report.reclaimed);
+    } else {
+      park(row,
+           "stranded in flight and the downstream neither honours Idempotency-Key nor can look "
+           "up by key; check the downstream by hand before resolving",
+           report);
+    }
+  }
+
+  LookupResult<typename gate_type::outcome_type> look_up(const Key& key) {
+    try {
+      return gate_.downstream().lookup(key);
+    } catch (const std::exception& e) {
+      return TransientFailure{std::string("the lookup threw: ") + e.what()};
+    }
+  }
+
+  ClaimResult<typename gate_type::outcome_type> claim(const Key& key,
+                                                      const typename gate_type::request_type& r) {
+    try {
+      return gate_.downstream().claim(r, key);
+    } catch (const std::exception& e) {
+      return TransientFailure{std::string("the downstream threw: ") + e.what()};
+    }
+  }
+
+  void park(const Stranded& row, const std::string& reason, ReconcileReport& report) {
+    if (gate_.store().escalate(row.key, row.fence, reason) == CommitStatus::lost_lease)
+      ++report.lost;
+    else
+      ++report.escalated;
+  }
+
+  static void count(Status status, ReconcileReport& report, std::size_t& finished) {
+    switch (status) {
+      case Status::processed:
+        ++finished;
+        break;
+      case Status::failed:
+        ++report.failed;
+        break;
+      case Status::lost_lease:
+        ++report.lost;
+        break;
+      default:
+        ++report.deferred;
+        break;
+    }
+  }
+
+  void loop(std::stop_token stop) {
+    std::mutex sleep_mutex;
+    while (!stop.stop_requested()) {
+      ReconcileReport report;
+      try {
+        report = run_once();
+      } catch (const std::exception& e) {
+        // The store is unreachable: try again next interval.
+        ++report.errors;
+        report.first_error = e.what();
+      }
+      {
+        std::lock_guard lock(report_mutex_);
+        last_ = report;
+      }
+      std::unique_lock lock(sleep_mutex);
+      wake_.wait_for(lock, stop, options_.interval, [] { return false; });
+    }
+  }
+
+  gate_type& gate_;
+  ReconcilerOptions options_;
+  std::mutex control_;
+  std::condition_variable_any wake_;
+  mutable std::mutex report_mutex_;
+  ReconcileReport last_;
+  std::jthread worker_;
+};
+
+/// Deduces the reconciler's policies from its gate.
+template <class Store, class Downstream, class Apply>
+Reconciler(Gate<Store, Downstream, Apply>&, ReconcilerOptions = {})
+    -> Reconciler<Store, Downstream, Apply>;
+
+}  // namespace idemgate

@@ -1,0 +1,115 @@
+// The main job, run as a user runs it: the replay binary, its table, its JSON and its exit
+// status, on SQLite and on PostgreSQL, and its answers to bad input.
+
+#include "support/child_process.hpp"
+#include "support/postgres.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using idemgate::test::ChildProcess;
+
+namespace {
+
+struct Replayed {
+  std::string out;
+  int status = 0;
+};
+
+Replayed replay(std::vector<std::string> args) {
+  args.insert(args.begin(), ECT_DELTA_REPLAY_PATH);
+  ChildProcess child(args);
+  Replayed run;
+  // The table starts with a blank line: read to the end of the output, not to a blank line.
+  for (std::string line; child.read_until_eof(line);) run.out += line + '\n';
+  run.status = child.wait();
+  return run;
+}
+
+/// One number from the JSON object of one run ("naive" or "gated").
+long field(const std::string& json, const std::string& run, const std::string& name) {
+  const auto at = json.find("\"" + run + "\":{");
+  if (at == std::string::npos) return -1;
+  const auto key = json.find("\"" + name + "\":", at);
+  if (key == std::string::npos) return -1;
+  return std::stol(json.substr(key + name.size() + 3));
+}
+
+void expect_monday(const std::string& json) {
+  EXPECT_EQ(field(json, "naive", "containers"), 39);
+  EXPECT_GT(field(json, "naive", "ghost_slots"), 0) << "the naive handler books ghosts";
+  EXPECT_GT(field(json, "naive", "slots_claimed"), 39);
+  EXPECT_EQ(field(json, "gated", "deliveries"), field(json, "naive", "deliveries"));
+  EXPECT_EQ(field(json, "gated", "slots_claimed"), 39);
+  EXPECT_EQ(field(json, "gated", "bookings"), 39);
+  EXPECT_EQ(field(json, "gated", "ghost_slots"), 0);
+  EXPECT_EQ(field(json, "gated", "reconciled"), 2) << "the two crashes are reconciled";
+  EXPECT_EQ(field(json, "gated", "duplicates_blocked"), field(json, "gated", "deliveries") - 39);
+}
+
+}  // namespace
+
+TEST(EctDeltaReplay, GatedRunOnSqliteEndsOneSlotAndOneBookingPerContainer) {
+  const Replayed run = replay({"--json", "--seed", "11"});
+  EXPECT_EQ(run.status, 0) << run.out;
+  expect_monday(run.out);
+}
+
+TEST(EctDeltaReplay, GatedRunOnPostgresEndsOneSlotAndOneBookingPerContainer) {
+  const std::string uri = idemgate::test::pg_uri();
+  ASSERT_FALSE(uri.empty());
+  const Replayed run = replay({"--json", "--store", uri});
+  EXPECT_EQ(run.status, 0) << run.out;
+  expect_monday(run.out);
+}
+
+TEST(EctDeltaReplay, PrintsTheSideBySideTable) {
+  const Replayed run = replay({});
+  EXPECT_EQ(run.status, 0);
+  for (const char* row : {"slots claimed at the terminal", "TMS bookings", "ghost slots",
+                          "duplicates blocked", "reconciled after a crash", "cost of ghost slots"})
+    EXPECT_NE(run.out.find(row), std::string::npos) << row << "\n" << run.out;
+}
+
+TEST(EctDeltaReplay, SeedChangesTheDeliveryOrderNotTheOutcome) {
+  for (const char* seed : {"1", "2", "3"}) {
+    const Replayed run = replay({"--json", "--seed", seed});
+    EXPECT_EQ(run.status, 0) << "seed " << seed;
+    expect_monday(run.out);
+  }
+}
+
+TEST(EctDeltaReplay, TerminalThatIgnoresKeysIsEscalatedNotClaimed) {
+  const Replayed run = replay({"--json", "--terminal-ignores-keys"});
+  EXPECT_EQ(run.status, 1);
+  EXPECT_EQ(field(run.out, "gated", "slots_claimed"), 0) << run.out;
+  EXPECT_EQ(field(run.out, "gated", "bookings"), 0);
+}
+
+TEST(EctDeltaReplay, UnreachableTerminalIsAClearErrorWithNothingBooked) {
+  const Replayed run = replay({"--terminal", "http://127.0.0.1:9"});
+  EXPECT_EQ(run.status, 3);
+  EXPECT_EQ(run.out, "");
+}
+
+TEST(EctDeltaReplay, StoreUriThatDoesNotParseIsRefused) {
+  EXPECT_EQ(replay({"--store", "mysql://db"}).status, 2);
+  EXPECT_EQ(replay({"--store", "sqlite:"}).status, 2);
+  EXPECT_EQ(replay({"--seed", "x"}).status, 2);
+}
+
+TEST(EctDeltaReplay, CorruptSqliteFileIsRefusedWithNothingBooked) {
+  const std::string path = ::testing::TempDir() + "corrupt-replay.db";
+  {
+    std::ofstream garbage(path, std::ios::binary);
+    for (int i = 0; i < 4096; ++i) garbage.put(static_cast<char>((i * 7919) & 0xff));
+  }
+  const Replayed run = replay({"--json", "--store", "sqlite:" + path});
+  EXPECT_EQ(run.status, 2);
+  EXPECT_EQ(run.out.find("\"gated\""), std::string::npos) << "no gated run was reported";
+  std::remove(path.c_str());
+}

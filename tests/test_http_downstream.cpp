@@ -1,0 +1,507 @@
+// HttpDownstream over a real socket on 127.0.0.1, against the fake ECT Delta slot API.
+
+#include "support/monday.hpp"
+#include "support/slot_request.hpp"
+
+#include <ect_delta/terminal_server.hpp>
+#include <idemgate/downstream/http.hpp>
+#include <idemgate/gate.hpp>
+#include <idemgate/store/memory.hpp>
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <latch>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+using idemgate::Gate;
+using idemgate::HttpDownstream;
+using idemgate::HttpOptions;
+using idemgate::KeyHeaderForm;
+using idemgate::MemoryStore;
+using idemgate::Status;
+using idemgate::test::SlotRequest;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// The slot API's mapping: JSON claim, slot id as the outcome, lookup by key.
+struct SlotApi {
+  using request_type = SlotRequest;
+  using outcome_type = std::string;
+  idemgate::HttpCall claim_call(const SlotRequest& r) const {
+    return {"POST", "/slots",
+            "{\"container\":" + ect_delta::json::quote(r.container) +
+                ",\"window\":" + ect_delta::json::quote(r.window) + '}'};
+  }
+  idemgate::HttpCall lookup_call(const idemgate::Key& key) const {
+    return {"GET", "/slots?idempotency_key=" + key.hex()};
+  }
+  std::optional<std::string> parse_outcome(std::string_view body) const {
+    return ect_delta::json::string_field(body, "slot");
+  }
+};
+
+/// Reads a field the API never sends, so every 2xx body fails to parse.
+struct MisreadingSlotApi : SlotApi {
+  std::optional<std::string> parse_outcome(std::string_view body) const {
+    return ect_delta::json::string_field(body, "slot_id");
+  }
+};
+
+static_assert(idemgate::downstream<HttpDownstream<SlotApi>>);
+static_assert(idemgate::lookup_downstream<HttpDownstream<SlotApi>>);
+static_assert(HttpDownstream<SlotApi>::honours_idempotency_key);
+static_assert(!HttpDownstream<SlotApi, false>::honours_idempotency_key);
+
+/// Short timeouts; the key header form stays the default unless given.
+HttpOptions fast(std::optional<KeyHeaderForm> form = std::nullopt) {
+  HttpOptions options;
+  options.connect_timeout = 500ms;
+  options.read_timeout = 2s;
+  options.write_timeout = 500ms;
+  if (form) options.key_header_form = *form;
+  return options;
+}
+
+/// A started terminal; stopped when the test ends.
+struct Terminal : ect_delta::TerminalServer {
+  Terminal() { start(); }
+};
+
+/// A port on 127.0.0.1 that is bound but not listening: connecting to it is refused, and no
+/// other process can take it while this object lives.
+class RefusingPort {
+ public:
+  RefusingPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    if (fd_ < 0) throw std::runtime_error("socket() failed");
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0)
+      throw std::runtime_error("bind() failed");
+    port_ = ntohs(address.sin_port);
+  }
+  RefusingPort(const RefusingPort&) = delete;
+  RefusingPort& operator=(const RefusingPort&) = delete;
+  ~RefusingPort() { ::close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
+/// The TMS: bookings written only when the gate commits.
+struct Bookings {
+  std::mutex mutex;
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::size_t size() {
+    std::lock_guard lock(mutex);
+    return rows.size();
+  }
+};
+
+auto booking_writer(Bookings& bookings) {
+  return [&bookings](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
+    tx.on_commit([&bookings, r, slot] {
+      std::lock_guard lock(bookings.mutex);
+      bookings.rows.emplace_back(r.container, slot);
+    });
+  };
+}
+
+bool contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
+
+const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
+const auto key = idemgate::derive_key("ect.claim_slot", "CIS-2025-06-09-1001", "MSKU7000037");
+
+}  // namespace
+
+// --- the header ---------------------------------------------------------------------------------
+
+TEST(HttpDownstream, SendsKeyAsQuotedStructuredFieldStringByDefault) {
+  Terminal terminal;
+  HttpDownstream<SlotApi> downstream{terminal.base_url()};
+  ASSERT_TRUE(downstream.claim(msku, key).ok());
+  ASSERT_EQ(terminal.key_headers_received().size(), 1u);
+  EXPECT_EQ(terminal.key_headers_received()[0], '"' + key.hex() + '"');
+}
+
+TEST(HttpDownstream, SendsBareKeyWhenConfigured) {
+  Terminal terminal;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast(KeyHeaderForm::bare)};
+  ASSERT_TRUE(downstream.claim(msku, key).ok());
+  ASSERT_EQ(terminal.key_headers_received().size(), 1u);
+  EXPECT_EQ(terminal.key_headers_received()[0], key.hex());
+}
+
+// --- answers ------------------------------------------------------------------------------------
+
+TEST(HttpDownstream, CreatedAnswerIsTheOutcome) {
+  Terminal terminal;
+  HttpDownstream<SlotApi> downstream{terminal.base_url() + "/", fast()};
+  const auto result = downstream.claim(msku, key);
+  ASSERT_TRUE(result.ok()) << result.reason();
+  const auto held = terminal.slot_for_key(key.hex());
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(result.outcome(), held->id);
+  EXPECT_EQ(held->container, msku.container);
+  EXPECT_EQ(held->window, msku.window);
+}
+
+TEST(HttpDownstream, RepeatedClaimWithSameKeyReturnsSameSlot) {
+  Terminal terminal;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const auto first = downstream.claim(msku, key);
+  const auto second = downstream.claim(msku, key);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first.outcome(), second.outcome());
+  EXPECT_EQ(terminal.claims_received(), 2);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+}
+
+TEST(HttpDownstream, TerminalForgetsKeyAfterItsRetention) {
+  ect_delta::TerminalServer terminal{{.key_retention = 50ms}};
+  terminal.start();
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const auto first = downstream.claim(msku, key);
+  std::this_thread::sleep_for(80ms);
+  EXPECT_TRUE(downstream.lookup(key).not_found());
+  const auto second = downstream.claim(msku, key);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first.outcome(), second.outcome());
+  EXPECT_EQ(terminal.slots_issued(), 2);
+}
+
+TEST(HttpDownstream, BadRequestIsPermanentWithStatusAndBodyExcerpt) {
+  Terminal terminal;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const auto result = downstream.claim(SlotRequest{"", "2025-06-09T07:00"}, key);
+  ASSERT_TRUE(result.permanent()) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "400")) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "non-empty string fields container")) << result.reason();
+  EXPECT_EQ(terminal.slots_issued(), 0);
+}
+
+TEST(HttpDownstream, SameKeyWithDifferentBodyIsPermanent) {
+  Terminal terminal;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  ASSERT_TRUE(downstream.claim(msku, key).ok());
+  const auto result = downstream.claim(SlotRequest{msku.container, "2025-06-09T19:00"}, key);
+  ASSERT_TRUE(result.permanent()) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "422")) << result.reason();
+  EXPECT_EQ(terminal.slots_issued(), 1);
+}
+
+TEST(HttpDownstream, OtherClientErrorIsPermanent) {
+  Terminal terminal;
+  terminal.fail_next_claims(1, 404);
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const auto result = downstream.claim(msku, key);
+  ASSERT_TRUE(result.permanent()) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "404")) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "injected failure")) << result.reason();
+}
+
+TEST(HttpDownstream, ConflictWhileSameKeyIsInProgressIsTransient) {
+  Terminal terminal;
+  terminal.set_latency(10s);  // cut short by stop() below
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  HttpOptions patient = fast();
+  patient.read_timeout = 15s;
+  HttpDownstream<SlotApi> first_caller{terminal.base_url(), patient};
+  std::optional<idemgate::ClaimResult<std::string>> first;
+  std::thread worker([&] { first = first_caller.claim(msku, key); });
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (terminal.claims_in_progress() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(terminal.claims_in_progress(), 1);
+
+  const auto second = downstream.claim(msku, key);
+  terminal.stop();
+  worker.join();
+
+  ASSERT_TRUE(second.transient()) << second.reason();
+  EXPECT_TRUE(contains(second.reason(), "409")) << second.reason();
+  EXPECT_TRUE(contains(second.reason(), "in progress")) << second.reason();
+  ASSERT_TRUE(first.has_value() && first->ok());
+  EXPECT_EQ(terminal.slots_issued(), 1);
+}
+
+TEST(HttpDownstream, RequestTimeoutIsTransient) {
+  Terminal terminal;
+  terminal.fail_next_claims(1, 408);
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const auto result = downstream.claim(msku, key);
+  ASSERT_TRUE(result.transient()) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "408")) << result.reason();
+}
+
+TEST(HttpDownstream, TooManyRequestsIsTransientAndNamesRetryAfter) {
+  Terminal terminal;
+  terminal.fail_next_claims(1, 429);
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const auto result = downstream.claim(msku, key);
+  ASSERT_TRUE(result.transient()) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "429")) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "Retry-After: 1")) << result.reason();
+}
+
+TEST(HttpDownstream, ServiceUnavailableIsTransientAndClaimsNothing) {
+  Terminal terminal;
+  terminal.fail_next_claims(2);
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  for (int i = 0; i < 2; ++i) {
+    const auto result = downstream.claim(msku, key);
+    ASSERT_TRUE(result.transient()) << result.reason();
+    EXPECT_TRUE(contains(result.reason(), "503")) << result.reason();
+  }
+  EXPECT_EQ(terminal.slots_issued(), 0);
+  EXPECT_TRUE(downstream.claim(msku, key).ok());
+  EXPECT_EQ(terminal.slots_issued(), 1);
+}
+
+TEST(HttpDownstream, SuccessBodyThatDoesNotParseIsTransient) {
+  Terminal terminal;
+  HttpDownstream<MisreadingSlotApi> downstream{terminal.base_url(), fast()};
+  const auto result = downstream.claim(msku, key);
+  ASSERT_TRUE(result.transient()) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "201")) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "not an outcome")) << result.reason();
+  EXPECT_EQ(terminal.slots_issued(), 1);
+}
+
+// --- transport failures -------------------------------------------------------------------------
+
+TEST(HttpDownstream, ConnectionRefusedIsTransientWithClearReason) {
+  RefusingPort refusing;
+  HttpDownstream<SlotApi> downstream{"http://127.0.0.1:" + std::to_string(refusing.port()), fast()};
+  const auto result = downstream.claim(msku, key);
+  ASSERT_TRUE(result.transient()) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "could not connect")) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), std::to_string(refusing.port()))) << result.reason();
+}
+
+TEST(HttpDownstream, ReadTimeoutIsTransient) {
+  Terminal terminal;
+  terminal.set_latency(10s);  // cut short when the terminal stops
+  HttpOptions options = fast();
+  options.read_timeout = 150ms;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), options};
+  const auto started = std::chrono::steady_clock::now();
+  const auto result = downstream.claim(msku, key);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 2s);
+  ASSERT_TRUE(result.transient()) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "read timed out")) << result.reason();
+}
+
+TEST(HttpDownstream, LostResponseIsTransientAndLookupFindsTheCommittedSlot) {
+  Terminal terminal;
+  terminal.drop_next_responses(1);
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const auto claimed = downstream.claim(msku, key);
+  ASSERT_TRUE(claimed.transient()) << claimed.reason();
+  EXPECT_TRUE(contains(claimed.reason(), "closed or reset")) << claimed.reason();
+  ASSERT_EQ(terminal.slots_issued(), 1);
+
+  const auto found = downstream.lookup(key);
+  ASSERT_TRUE(found.found()) << found.reason();
+  EXPECT_EQ(found.outcome(), terminal.slot_for_key(key.hex())->id);
+
+  const auto retried = downstream.claim(msku, key);
+  ASSERT_TRUE(retried.ok()) << retried.reason();
+  EXPECT_EQ(retried.outcome(), found.outcome());
+  EXPECT_EQ(terminal.slots_issued(), 1);
+}
+
+TEST(HttpDownstream, LookupOfUnknownKeyIsNotFound) {
+  Terminal terminal;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const auto result = downstream.lookup(key);
+  EXPECT_TRUE(result.not_found()) << result.reason();
+  EXPECT_EQ(terminal.lookups_received(), 1);
+}
+
+TEST(HttpDownstream, LookupAgainstUnreachableTerminalIsTransient) {
+  RefusingPort refusing;
+  HttpDownstream<SlotApi> downstream{"http://127.0.0.1:" + std::to_string(refusing.port()), fast()};
+  const auto result = downstream.lookup(key);
+  ASSERT_TRUE(result.transient());
+  EXPECT_TRUE(contains(result.reason(), "could not connect")) << result.reason();
+}
+
+// --- base URLs ----------------------------------------------------------------------------------
+
+TEST(HttpDownstream, HttpsBaseUrlIsAccepted) {
+  const HttpDownstream<SlotApi> downstream{"https://slots.ectdelta.example/v1/", fast()};
+  EXPECT_EQ(downstream.base_url().scheme, "https");
+  EXPECT_EQ(downstream.base_url().host, "slots.ectdelta.example");
+  EXPECT_EQ(downstream.base_url().port, 443);
+  EXPECT_EQ(downstream.base_url().path, "/v1");
+  EXPECT_EQ(downstream.base_url().origin(), "https://slots.ectdelta.example:443");
+}
+
+TEST(HttpDownstream, HttpsAgainstPlainHttpServerIsTransientTlsFailure) {
+  Terminal terminal;
+  HttpDownstream<SlotApi> downstream{"https://127.0.0.1:" + std::to_string(terminal.port()),
+                                     fast()};
+  const auto result = downstream.claim(msku, key);
+  ASSERT_TRUE(result.transient()) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "TLS")) << result.reason();
+  EXPECT_EQ(terminal.slots_issued(), 0);
+}
+
+TEST(HttpDownstream, MalformedBaseUrlThrowsClearError) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"127.0.0.1:8080", "has no scheme"},
+      {"ftp://127.0.0.1", "neither http nor https"},
+      {"http://", "has no host"},
+      {"http://127.0.0.1:99999", "not a number from 1 to 65535"},
+      {"http://127.0.0.1:80a", "not a number from 1 to 65535"},
+      {"http://127.0.0.1:", "not a number from 1 to 65535"},
+      {"http://user:secret@127.0.0.1", "credentials"},
+      {"http://127.0.0.1/slots?x=1", "query"},
+      {"http://slot api", "cannot hold"},
+  };
+  for (const auto& [url, message] : cases) {
+    try {
+      HttpDownstream<SlotApi> downstream{url};
+      ADD_FAILURE() << url << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), message)) << url << ": " << e.what();
+      EXPECT_TRUE(contains(e.what(), url)) << e.what();
+    }
+  }
+}
+
+// --- the seed's terminal, which ignores keys -----------------------------------------------------
+
+TEST(HttpDownstream, TerminalIgnoringKeysIssuesNewSlotOnEveryCall) {
+  Terminal terminal;
+  terminal.set_honours_keys(false);
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const auto first = downstream.claim(msku, key);
+  const auto second = downstream.claim(msku, key);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first.outcome(), second.outcome());
+  EXPECT_EQ(terminal.distinct_slots_for_key(key.hex()), 2u);
+  EXPECT_EQ(terminal.slots_for(msku.container), 2u);
+  EXPECT_TRUE(downstream.lookup(key).not_found());
+}
+
+// --- the gate in front of HTTP ------------------------------------------------------------------
+
+TEST(GatedHttpDownstream, SixteenThreadsDeliveringSameEventClaimOneSlot) {
+  Terminal terminal;
+  terminal.set_latency(100ms);
+  MemoryStore store;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  Bookings bookings;
+  Gate gate{store, downstream, booking_writer(bookings)};
+
+  constexpr int workers = 16;
+  std::latch go(workers);
+  std::vector<Status> statuses(workers);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < workers; ++i)
+    threads.emplace_back([&, i] {
+      go.arrive_and_wait();
+      statuses[static_cast<std::size_t>(i)] = gate.process(key, msku).status();
+    });
+  for (auto& thread : threads) thread.join();
+
+  int processed = 0;
+  for (const Status status : statuses) {
+    processed += status == Status::processed;
+    EXPECT_TRUE(status == Status::processed || status == Status::in_flight ||
+                status == Status::duplicate)
+        << idemgate::to_string(status);
+  }
+  EXPECT_EQ(processed, 1);
+  EXPECT_EQ(terminal.claims_received(), 1);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
+}
+
+TEST(GatedHttpDownstream, MondaysEightySevenDeliveriesFromFourThreadsClaimThirtyNineSlots) {
+  Terminal terminal;
+  MemoryStore store;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  Bookings bookings;
+  Gate gate{store, downstream, booking_writer(bookings)};
+  const auto deliveries = idemgate::test::monday_deliveries();
+  ASSERT_EQ(deliveries.size(), 87u);
+
+  constexpr std::size_t workers = 4;
+  std::atomic<int> not_acked{0};
+  std::vector<std::thread> threads;
+  for (std::size_t w = 0; w < workers; ++w)
+    threads.emplace_back([&, w] {
+      for (std::size_t i = w; i < deliveries.size(); i += workers) {
+        const auto& n = deliveries[i];
+        const auto event_key =
+            idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
+        const auto result =
+            gate.process(event_key, SlotRequest{n.equipment_number, n.preferred_window});
+        if (!result.should_ack()) not_acked.fetch_add(1);
+      }
+    });
+  for (auto& thread : threads) thread.join();
+
+  EXPECT_EQ(not_acked.load(), 0);
+  EXPECT_EQ(terminal.slots_issued(), 39);
+  EXPECT_EQ(terminal.claims_received(), 39);
+  EXPECT_EQ(terminal.max_distinct_slots_per_key(), 1u);
+  EXPECT_EQ(bookings.size(), 39u);
+  for (const auto& n : idemgate::test::monday_notifications())
+    EXPECT_EQ(terminal.slots_for(n.equipment_number), 1u) << n.equipment_number;
+}
+
+TEST(GatedHttpDownstream, LostAckThenRedeliveryBooksTheOriginalSlotOnce) {
+  Terminal terminal;
+  terminal.drop_next_responses(1);
+  MemoryStore store;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  Bookings bookings;
+  Gate gate{store, downstream, booking_writer(bookings)};
+
+  const auto lost = gate.process(key, msku);
+  EXPECT_EQ(lost.status(), Status::retry) << lost.reason();
+  EXPECT_FALSE(lost.should_ack());
+  const auto redelivered = gate.process(key, msku);
+  ASSERT_EQ(redelivered.status(), Status::processed) << redelivered.reason();
+  EXPECT_EQ(redelivered.outcome(), terminal.slot_for_key(key.hex())->id);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
+}
+
+TEST(GatedHttpDownstream, TerminalThatIgnoresKeysIsEscalatedAndNeverCalled) {
+  Terminal terminal;
+  MemoryStore store;
+  HttpDownstream<SlotApi, false> downstream{terminal.base_url(), fast()};
+  Bookings bookings;
+  Gate gate{store, downstream, booking_writer(bookings)};
+  const auto result = gate.process(key, msku);
+  EXPECT_EQ(result.status(), Status::escalated);
+  EXPECT_TRUE(result.should_ack());
+  EXPECT_EQ(terminal.claims_received(), 0);
+  EXPECT_EQ(bookings.size(), 0u);
+}

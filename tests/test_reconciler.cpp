@@ -1,0 +1,295 @@
+#include "support/fake_terminal.hpp"
+#include "support/slot_request.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/reconciler.hpp>
+#include <idemgate/store/memory.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+using idemgate::Gate;
+using idemgate::Key;
+using idemgate::MemoryStore;
+using idemgate::Reconciler;
+using idemgate::RecordStatus;
+using idemgate::Status;
+using idemgate::test::FakeTerminal;
+using idemgate::test::SimulatedCrash;
+using idemgate::test::SlotRequest;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Clock {
+  std::mutex mutex;
+  std::chrono::system_clock::time_point now = std::chrono::system_clock::now();
+  MemoryStore::Clock fn() {
+    return [this] {
+      std::lock_guard lock(mutex);
+      return now;
+    };
+  }
+  void advance(std::chrono::milliseconds d) {
+    std::lock_guard lock(mutex);
+    now += d;
+  }
+};
+
+struct Bookings {
+  std::mutex mutex;
+  std::multimap<Key, std::string> rows;
+  std::size_t size() {
+    std::lock_guard lock(mutex);
+    return rows.size();
+  }
+  auto writer() {
+    return [this](MemoryStore::transaction& tx, const Key& key, const SlotRequest&,
+                  const std::string& slot) {
+      tx.on_commit([this, key, slot] {
+        std::lock_guard lock(mutex);
+        rows.emplace(key, slot);
+      });
+    };
+  }
+};
+
+const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
+const Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU7000037");
+const idemgate::ReconcilerOptions fast{.interval = 10ms, .stale_after = 0ms, .batch = 100};
+
+}  // namespace
+
+TEST(Reconciler, FinishesWithTheOutcomeTheDownstreamHoldsAndNeverClaimsAnew) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  terminal.after = [](const Key&,
+                      const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    throw SimulatedCrash{};
+  };
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
+  terminal.after = nullptr;
+  ASSERT_EQ(store.find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(bookings.size(), 0u);
+
+  Reconciler reconciler{gate, fast};
+  EXPECT_EQ(reconciler.run_once().taken, 0u) << "the lease is still live";
+  clock.advance(31s);
+  const auto report = reconciler.run_once();
+  EXPECT_EQ(report.taken, 1u);
+  EXPECT_EQ(report.found, 1u);
+  EXPECT_EQ(terminal.calls(), 1) << "a key the terminal holds is never claimed again";
+  EXPECT_EQ(terminal.lookups(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
+  const auto row = store.find(key);
+  EXPECT_EQ(row->status, RecordStatus::committed);
+  EXPECT_EQ(row->result, "slot-1");
+  EXPECT_EQ(gate.process(key, msku).status(), Status::duplicate);
+}
+
+TEST(Reconciler, ClaimsUnderTheSameKeyWhenTheDownstreamHoldsNothing) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  terminal.before = [](const SlotRequest&,
+                       const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    throw SimulatedCrash{};
+  };
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
+  terminal.before = nullptr;
+  clock.advance(31s);
+  Reconciler reconciler{gate, fast};
+  const auto report = reconciler.run_once();
+  EXPECT_EQ(report.reclaimed, 1u);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
+  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
+}
+
+TEST(Reconciler, ClaimsAgainWithoutLookupOnlyBecauseTheDownstreamHonoursKeys) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  idemgate::test::WithoutLookup<FakeTerminal<>> no_lookup{terminal};
+  terminal.after = [](const Key&,
+                      const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    throw SimulatedCrash{};
+  };
+  Bookings bookings;
+  Gate gate{store, no_lookup, bookings.writer(), {.lease = 30s}};
+  EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
+  terminal.after = nullptr;
+  clock.advance(31s);
+  Reconciler reconciler{gate, fast};
+  EXPECT_EQ(reconciler.run_once().reclaimed, 1u);
+  EXPECT_EQ(terminal.calls(), 2);
+  EXPECT_EQ(terminal.slots_issued(), 1) << "the same key got the original slot back";
+  EXPECT_EQ(store.find(key)->result, "slot-1");
+  EXPECT_EQ(bookings.size(), 1u);
+}
+
+TEST(Reconciler, EscalatesWhenTheDownstreamNeitherHonoursKeysNorLooksUp) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<false> terminal;
+  idemgate::test::WithoutLookup<FakeTerminal<false>> blind{terminal};
+  Bookings bookings;
+  Gate gate{store, blind, bookings.writer(), {.lease = 30s}};
+  // A worker that died right after its reservation.
+  const std::string bytes = gate.encode_request(msku);
+  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 30s);
+  clock.advance(31s);
+  Reconciler reconciler{gate, fast};
+  const auto report = reconciler.run_once();
+  EXPECT_EQ(report.escalated, 1u);
+  EXPECT_EQ(terminal.calls(), 0) << "never a blind retry";
+  const auto parked = gate.escalated();
+  ASSERT_EQ(parked.size(), 1u);
+  EXPECT_EQ(parked[0].key, key);
+  EXPECT_NE(parked[0].reason.find("Idempotency-Key"), std::string::npos);
+}
+
+TEST(Reconciler, TransientLookupFailureLeavesTheRowForALaterPass) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  terminal.after = [](const Key&,
+                      const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    throw SimulatedCrash{};
+  };
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
+  terminal.after = nullptr;
+  terminal.lookup_down = true;
+  clock.advance(31s);
+  Reconciler reconciler{gate, fast};
+  EXPECT_EQ(reconciler.run_once().deferred, 1u);
+  EXPECT_EQ(store.find(key)->status, RecordStatus::in_flight) << "never released: no message";
+  terminal.lookup_down = false;
+  clock.advance(31s);
+  EXPECT_EQ(reconciler.run_once().found, 1u);
+  EXPECT_EQ(bookings.size(), 1u);
+  EXPECT_EQ(terminal.calls(), 1);
+}
+
+TEST(Reconciler, StoresAPermanentFailureFromTheReclaim) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  const std::string bytes = gate.encode_request(msku);
+  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 30s);
+  terminal.before = [](const SlotRequest&,
+                       const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    return idemgate::PermanentFailure{"422 container unknown"};
+  };
+  clock.advance(31s);
+  Reconciler reconciler{gate, fast};
+  EXPECT_EQ(reconciler.run_once().failed, 1u);
+  EXPECT_EQ(store.find(key)->status, RecordStatus::failed);
+  EXPECT_EQ(gate.process(key, msku).status(), Status::failed);
+}
+
+TEST(Reconciler, AStaleWorkerThatResumesAfterTheReconcilerCannotCommit) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  Reconciler reconciler{gate, fast};
+  bool stalled = false;
+  terminal.after = [&](const Key&,
+                       const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (std::exchange(stalled, true)) return std::nullopt;
+    // The worker stalls past its lease; the reconciler finishes the event meanwhile.
+    clock.advance(31s);
+    EXPECT_EQ(reconciler.run_once().found, 1u);
+    return std::nullopt;
+  };
+  EXPECT_EQ(gate.process(key, msku).status(), Status::lost_lease);
+  EXPECT_EQ(bookings.size(), 1u);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+}
+
+TEST(Reconciler, BatchBoundsOnePass) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  for (int i = 0; i < 25; ++i) {
+    const SlotRequest r{"C" + std::to_string(i), "w"};
+    const std::string bytes = gate.encode_request(r);
+    (void)store.reserve(idemgate::derive_key("s", r.container), idemgate::detail::sha256(bytes),
+                        bytes, 30s);
+  }
+  clock.advance(31s);
+  Reconciler reconciler{gate, {.interval = 10ms, .stale_after = 0ms, .batch = 10}};
+  EXPECT_EQ(reconciler.run_once().taken, 10u);
+  EXPECT_EQ(reconciler.run_once().taken, 10u);
+  EXPECT_EQ(reconciler.run_once().taken, 5u);
+  EXPECT_EQ(bookings.size(), 25u);
+}
+
+TEST(Reconciler, StaleAfterWaitsBeyondTheLease) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 10s}};
+  const std::string bytes = gate.encode_request(msku);
+  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 10s);
+  Reconciler reconciler{gate, {.interval = 1min, .stale_after = 2min, .batch = 10}};
+  clock.advance(11s);
+  EXPECT_EQ(reconciler.run_once().taken, 0u) << "expired lease, but not stale for 2 minutes";
+  clock.advance(2min);
+  EXPECT_EQ(reconciler.run_once().taken, 1u);
+}
+
+TEST(Reconciler, BackgroundLoopFinishesStrandedRowsUntilStopped) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  const std::string bytes = gate.encode_request(msku);
+  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 30s);
+  clock.advance(31s);
+  Reconciler reconciler{gate, fast};
+  reconciler.start();
+  for (int i = 0; i < 500 && bookings.size() == 0; ++i) std::this_thread::sleep_for(10ms);
+  reconciler.stop();
+  EXPECT_EQ(bookings.size(), 1u);
+  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
+  reconciler.stop();  // stopping twice is harmless
+}
+
+TEST(Gate, EscalatedEventsAreListedAndResolvedWithTheBusinessWrite) {
+  MemoryStore store;
+  FakeTerminal<false> terminal;
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
+  ASSERT_EQ(gate.process(key, msku).status(), Status::escalated);
+  ASSERT_EQ(gate.escalated().size(), 1u);
+  EXPECT_FALSE(gate.resolve(idemgate::derive_key("s", "unknown"), "slot-x"));
+  EXPECT_TRUE(gate.resolve(key, "slot-by-hand"));
+  EXPECT_FALSE(gate.resolve(key, "slot-again")) << "a resolved event is not resolved twice";
+  EXPECT_EQ(bookings.size(), 1u);
+  EXPECT_TRUE(gate.escalated().empty());
+  auto again = gate.process(key, msku);
+  EXPECT_EQ(again.status(), Status::duplicate);
+  EXPECT_EQ(again.outcome(), "slot-by-hand");
+}

@@ -1,0 +1,289 @@
+// Crash and fault tests of the gate and the reconciler on real PostgreSQL.
+
+#include "support/child_process.hpp"
+#include "support/fake_terminal.hpp"
+#include "support/pg_cluster.hpp"
+#include "support/pg_terminal.hpp"
+#include "support/postgres.hpp"
+#include "support/slot_request.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/reconciler.hpp>
+#include <idemgate/store/postgres.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+using idemgate::Gate;
+using idemgate::Key;
+using idemgate::PostgresStore;
+using idemgate::Reconciler;
+using idemgate::RecordStatus;
+using idemgate::Status;
+using idemgate::test::FakeTerminal;
+using idemgate::test::pg_count;
+using idemgate::test::pg_exec;
+using idemgate::test::SlotRequest;
+namespace pq = idemgate::detail::pq;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::int64_t count_on(const std::string& uri, const std::string& sql) {
+  pqxx::connection c(uri);
+  pqxx::nontransaction tx(c);
+  return pq::exec(tx, sql)[0][0].as<std::int64_t>();
+}
+
+void exec_on(const std::string& uri, const std::string& sql) {
+  pqxx::connection c(uri);
+  pqxx::nontransaction tx(c);
+  pq::exec(tx, sql);
+}
+
+std::string bookings_ddl(const std::string& table) {
+  return "DROP TABLE IF EXISTS " + table + "; CREATE TABLE " + table +
+         " (id bigserial PRIMARY KEY, container text NOT NULL, slot_id text NOT NULL,"
+         " source_event bytea NOT NULL)";
+}
+
+auto booking_writer(std::string table) {
+  return [table = std::move(table)](pqxx::work& tx, const Key& key, const SlotRequest& r,
+                                    const std::string& slot) {
+    pq::exec_params(
+        tx,
+        "INSERT INTO " + table + " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)",
+        r.container, slot, pq::bytea_param(key.view()));
+  };
+}
+
+/// The invariants every scenario ends with.
+void expect_invariants(const std::string& uri, const std::string& log, const std::string& bookings,
+                       std::int64_t events) {
+  EXPECT_EQ(count_on(uri, "SELECT count(*) FROM " + bookings), events) << "one row per event";
+  EXPECT_EQ(count_on(uri, "SELECT count(DISTINCT source_event) FROM " + bookings), events);
+  EXPECT_EQ(count_on(uri, "SELECT count(*) FROM " + log + " WHERE status = 'in_flight'"), 0)
+      << "nothing left in flight after the final reconciler pass";
+  EXPECT_EQ(count_on(uri, "SELECT count(*) FROM " + log +
+                              " l WHERE status = 'committed' AND NOT "
+                              "EXISTS (SELECT 1 FROM " +
+                              bookings + " b WHERE b.source_event = l.key)"),
+            0)
+      << "no committed status without its business row";
+  EXPECT_EQ(count_on(uri, "SELECT count(*) FROM " + bookings + " b JOIN " + log +
+                              " l ON l.key = b.source_event WHERE l.result <> "
+                              "convert_to(b.slot_id, 'UTF8')"),
+            0)
+      << "the booked slot is the stored outcome";
+}
+
+class PostgresFaults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    uri = idemgate::test::pg_uri();
+    ASSERT_FALSE(uri.empty());
+    log = idemgate::test::unique_table("log");
+    bookings = idemgate::test::unique_table("book");
+    terminal = idemgate::test::unique_table("term");
+    pg_exec("DROP TABLE IF EXISTS " + log);
+    pg_exec(bookings_ddl(bookings));
+  }
+  void TearDown() override {
+    if (!uri.empty())
+      pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings + ", " + terminal + ", " + terminal +
+              "_answers");
+  }
+  std::string uri, log, bookings, terminal;
+};
+
+}  // namespace
+
+class KilledConsumer : public PostgresFaults, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(KilledConsumer, ReconcilerFinishesTheEventAfterSigkill) {
+  const std::string point = GetParam();
+  PostgresStore store(uri, {.table = log});
+  store.migrate();
+  idemgate::test::PgTerminal::create(uri, terminal);
+  {
+    idemgate::test::ChildProcess consumer(
+        {FAULT_CONSUMER_PATH, uri, log, bookings, terminal, point, "CIS-9", "MSKU7000037"});
+    ASSERT_EQ(consumer.read_line(), "FAULT_POINT " + point);
+    consumer.kill_now();
+  }
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-9", "MSKU7000037");
+  EXPECT_EQ(store.find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings), 0);
+  const std::int64_t claims_before = pg_count("SELECT count(*) FROM " + terminal + "_answers");
+  EXPECT_EQ(claims_before, point == "before_claim" ? 0 : 1);
+
+  idemgate::test::PgTerminal pg_terminal(uri, terminal);
+  Gate gate{store, pg_terminal, booking_writer(bookings), {.lease = 300ms}};
+  Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 10}};
+  // The killed backend may still hold its row lock for a moment; the reconciler skips locked
+  // rows, so pass again until the row is free.
+  idemgate::ReconcileReport report;
+  for (int i = 0; i < 100 && report.taken == 0; ++i) {
+    std::this_thread::sleep_for(50ms);
+    report = reconciler.run_once();
+  }
+  EXPECT_EQ(report.taken, 1u);
+  if (point == "before_claim")
+    EXPECT_EQ(report.reclaimed, 1u);
+  else
+    EXPECT_EQ(report.found, 1u) << "the slot the terminal holds is reused";
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + terminal), 1) << "one slot at the terminal";
+  EXPECT_EQ(pg_count("SELECT count(*) FROM (SELECT key FROM " + terminal +
+                     "_answers GROUP BY key HAVING count(DISTINCT slot) > 1) d"),
+            0);
+  expect_invariants(uri, log, bookings, 1);
+  EXPECT_EQ(gate.process(key, {"MSKU7000037", "2025-06-09T07:00"}).status(), Status::duplicate);
+}
+
+INSTANTIATE_TEST_SUITE_P(AtEachFaultPoint, KilledConsumer,
+                         ::testing::Values("before_claim", "after_claim", "before_commit"));
+
+TEST_F(PostgresFaults, TwoReconcilersOverFiveHundredStaleRowsNeverDoubleWork) {
+  PostgresStore seed(uri, {.table = log});
+  seed.migrate();
+  FakeTerminal<> fake;
+  {
+    Gate gate{seed, fake, booking_writer(bookings), {.lease = 1ms}};
+    for (int i = 0; i < 500; ++i) {
+      const SlotRequest r{"C" + std::to_string(i), "w"};
+      const std::string bytes = gate.encode_request(r);
+      (void)seed.reserve(idemgate::derive_key("s", r.container), idemgate::detail::sha256(bytes),
+                         bytes, 1ms);
+    }
+  }
+  std::this_thread::sleep_for(10ms);
+  std::atomic<std::size_t> taken{0};
+  std::vector<std::thread> reconcilers;
+  for (int r = 0; r < 2; ++r)
+    reconcilers.emplace_back([&] {
+      PostgresStore store(uri, {.table = log});
+      Gate gate{store, fake, booking_writer(bookings), {.lease = 1min}};
+      Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 25}};
+      for (;;) {
+        const auto report = reconciler.run_once();
+        EXPECT_EQ(report.errors, 0u) << report.first_error;
+        if (report.taken == 0) break;
+        taken += report.taken;
+      }
+    });
+  for (auto& t : reconcilers) t.join();
+  EXPECT_EQ(taken.load(), 500u) << "every row taken exactly once";
+  EXPECT_EQ(fake.calls(), 500) << "no row claimed twice";
+  EXPECT_EQ(fake.slots_issued(), 500);
+  expect_invariants(uri, log, bookings, 500);
+}
+
+TEST_F(PostgresFaults, LostAcknowledgementAndServiceUnavailableBurstsNeverDoubleASlot) {
+  PostgresStore store(uri, {.table = log, .pool_size = 4});
+  store.migrate();
+  FakeTerminal<> fake;
+  std::atomic<int> answers{0};
+  // Every third answer is lost after the terminal committed the slot; every fifth call meets a
+  // 503 burst before it reaches the terminal; every seventh times out after committing.
+  fake.before = [&](const SlotRequest&,
+                    const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (++answers % 5 == 0) return idemgate::TransientFailure{"503 Service Unavailable"};
+    return std::nullopt;
+  };
+  fake.after = [&](const Key&,
+                   const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    const int n = answers.load();
+    if (n % 3 == 0) return idemgate::TransientFailure{"connection reset after the request"};
+    if (n % 7 == 0) return idemgate::TransientFailure{"read timeout"};
+    return std::nullopt;
+  };
+  Gate gate{store, fake, booking_writer(bookings)};
+  std::deque<int> queue;
+  for (int i = 0; i < 60; ++i) queue.push_back(i);
+  int redeliveries = 0;
+  while (!queue.empty() && redeliveries < 10000) {
+    const int i = queue.front();
+    queue.pop_front();
+    const SlotRequest r{"C" + std::to_string(i), "w"};
+    const auto result = gate.process(idemgate::derive_key("s", r.container), r);
+    if (!result.should_ack()) {
+      queue.push_back(i);
+      ++redeliveries;
+    }
+  }
+  EXPECT_TRUE(queue.empty());
+  EXPECT_GT(redeliveries, 0);
+  EXPECT_EQ(fake.slots_issued(), 60) << "a lost answer never became a second slot";
+  expect_invariants(uri, log, bookings, 60);
+}
+
+TEST(PostgresRestart, ServerRestartMidRunOfAThousandEventsLosesAndDoublesNothing) {
+  idemgate::test::PgCluster cluster;
+  const std::string uri = cluster.uri();
+  const std::string log = "idemgate_log", bookings = "bookings";
+  exec_on(uri, bookings_ddl(bookings));
+  PostgresStore store(uri, {.table = log, .pool_size = 4, .checkout_timeout = 60s});
+  store.migrate();
+  FakeTerminal<> fake;
+  Gate gate{store, fake, booking_writer(bookings), {.lease = 500ms}};
+
+  // 1,000 events, 300 of them delivered twice, shuffled.
+  std::vector<int> deliveries;
+  for (int i = 0; i < 1000; ++i) deliveries.push_back(i);
+  for (int i = 0; i < 300; ++i) deliveries.push_back(i * 3);
+  std::shuffle(deliveries.begin(), deliveries.end(), std::mt19937(7));
+  std::mutex queue_mutex;
+  std::deque<int> queue(deliveries.begin(), deliveries.end());
+  std::atomic<int> acked{0}, failures{0};
+  std::atomic<bool> restarted{false};
+
+  auto worker = [&] {
+    for (;;) {
+      int i;
+      {
+        std::lock_guard lock(queue_mutex);
+        if (queue.empty()) return;
+        i = queue.front();
+        queue.pop_front();
+      }
+      const SlotRequest r{"C" + std::to_string(i), "w"};
+      bool ack = false;
+      try {
+        ack = gate.process(idemgate::derive_key("restart", r.container), r).should_ack();
+      } catch (const std::exception&) {
+        ++failures;  // the database is down: do not ack; the queue redelivers later
+        std::this_thread::sleep_for(20ms);
+      }
+      if (ack) {
+        ++acked;
+      } else {
+        std::lock_guard lock(queue_mutex);
+        queue.push_back(i);
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w) workers.emplace_back(worker);
+  while (acked.load() < 400) std::this_thread::sleep_for(1ms);
+  cluster.stop();
+  std::this_thread::sleep_for(300ms);
+  cluster.start();
+  restarted = true;
+  for (auto& w : workers) w.join();
+  EXPECT_TRUE(restarted.load());
+  EXPECT_GT(failures.load(), 0) << "the restart should have been felt";
+
+  std::this_thread::sleep_for(600ms);  // let the leases of interrupted rows expire
+  Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 1000}};
+  const auto report = reconciler.run_once();
+  EXPECT_EQ(report.errors, 0u) << report.first_error;
+  EXPECT_EQ(fake.slots_issued(), 1000);
+  expect_invariants(uri, log, bookings, 1000);
+}

@@ -1,0 +1,560 @@
+// SqliteStore on its own: several processes on one file, WAL, bad files, locks, the
+// transaction handle. The behaviours every store shares are in test_store_conformance.cpp.
+
+#include "support/fake_terminal.hpp"
+#include "support/monday.hpp"
+#include "support/slot_request.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/store/sqlite.hpp>
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iterator>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+using idemgate::CommitStatus;
+using idemgate::Gate;
+using idemgate::Key;
+using idemgate::RecordStatus;
+using idemgate::Reservation;
+using idemgate::SqliteOptions;
+using idemgate::SqliteStore;
+using idemgate::SqliteTransaction;
+using idemgate::StoreError;
+using idemgate::test::SlotRequest;
+namespace sq = idemgate::detail::sqlite;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A fresh temp directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "idemgate-sqlite-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// A plain connection of its own, like another program's.
+sq::Connection open_raw(const std::string& path) {
+  sqlite3* raw = nullptr;
+  const int code = sqlite3_open(path.c_str(), &raw);
+  sq::Connection connection(raw);
+  if (code != SQLITE_OK) throw std::runtime_error("cannot open " + path);
+  sqlite3_busy_timeout(raw, 20000);
+  return connection;
+}
+
+std::int64_t count(const std::string& path, const std::string& sql) {
+  auto db = open_raw(path);
+  return sq::query_int(db.get(), sql).value_or(-1);
+}
+
+std::string text(sqlite3* db, const std::string& sql) {
+  sq::Statement statement(db, sql, "reading");
+  statement.bind("reading");
+  return statement.step("reading") ? statement.bytes(0) : std::string();
+}
+
+const auto fingerprint = idemgate::detail::sha256("request");
+
+Reservation reserve(SqliteStore& store, const Key& key, std::chrono::milliseconds lease = 1min) {
+  return store.reserve(key, fingerprint, "request", lease);
+}
+
+/// A store on a fresh file with the bookings table beside the log.
+struct Fixture {
+  TempDir dir;
+  std::string db = dir.file("idemgate.db");
+  SqliteStore store{db, SqliteOptions{.busy_timeout = 20s}};
+  Fixture() {
+    store.migrate();
+    auto raw = open_raw(db);
+    sq::exec(raw.get(),
+             "CREATE TABLE bookings (id INTEGER PRIMARY KEY, container TEXT NOT NULL, slot TEXT "
+             "NOT NULL, source_event BLOB NOT NULL)");
+  }
+};
+
+/// The business write: one booking per event, tagged with its key. A lambda, not a function:
+/// for a function pointer, Gate's constructor parameter `apply` shadows `Gate::apply`.
+const auto book = [](SqliteTransaction& tx, const Key& key, const SlotRequest& r,
+                     const std::string& slot) {
+  tx.exec("INSERT INTO bookings (container, slot, source_event) VALUES (?, ?, ?)", r.container,
+          slot, key);
+};
+
+/// A slot API shared by processes: every claim is logged in its own SQLite file, and the same
+/// key always gets the same slot (it honours idempotency keys).
+class SharedTerminal {
+ public:
+  using request_type = SlotRequest;
+  using outcome_type = std::string;
+  static constexpr bool honours_idempotency_key = true;
+
+  explicit SharedTerminal(const std::string& path) : db_(open_raw(path)) {}
+
+  static void create(const std::string& path) {
+    auto db = open_raw(path);
+    sq::exec(db.get(), "PRAGMA journal_mode=WAL");
+    sq::exec(db.get(), "CREATE TABLE calls (id INTEGER PRIMARY KEY, key BLOB NOT NULL)");
+  }
+
+  idemgate::ClaimResult<std::string> claim(const SlotRequest& request, const Key& key) {
+    sq::exec(db_.get(), "INSERT INTO calls (key) VALUES (?)", key);
+    return "slot-" + request.container;
+  }
+
+ private:
+  sq::Connection db_;
+};
+
+}  // namespace
+
+TEST(SqliteStore, DatabaseIsInWalModeAndSyncsEveryCommit) {
+  Fixture f;
+  auto raw = open_raw(f.db);
+  EXPECT_EQ(text(raw.get(), "PRAGMA journal_mode"), "wal");
+  EXPECT_TRUE(std::filesystem::exists(f.db + "-wal"));
+  EXPECT_EQ(f.store.busy_timeout(), 20s);
+  EXPECT_EQ(f.store.path(), f.db);
+  EXPECT_EQ(f.store.table(), "idemgate_log");
+}
+
+TEST(SqliteStore, SeveralProcessesOnOneFileClaimAndBookEachEventOnce) {
+  Fixture f;
+  const std::string terminal_db = f.dir.file("terminal.db");
+  SharedTerminal::create(terminal_db);
+  constexpr int children = 4;
+  std::vector<pid_t> pids;
+  for (int c = 0; c < children; ++c) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0) << "fork failed";
+    if (pid == 0) {
+      // The child opens its own store and terminal: connections never cross a fork.
+      int code = 0;
+      try {
+        SqliteStore store(f.db, {.busy_timeout = 20s});
+        SharedTerminal terminal(terminal_db);
+        Gate gate{store, terminal, book};
+        for (const auto& n : idemgate::test::monday_deliveries(100 + static_cast<unsigned>(c))) {
+          const Key key =
+              idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
+          if (!gate.process(key, SlotRequest{n.equipment_number, n.preferred_window}).should_ack())
+            code = 3;
+        }
+      } catch (...) {
+        code = 2;
+      }
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (const pid_t pid : pids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "2: a child threw; 3: a delivery was not acked";
+  }
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 39);
+  EXPECT_EQ(count(f.db, "SELECT count(DISTINCT source_event) FROM bookings"), 39);
+  EXPECT_EQ(count(f.db, "SELECT count(DISTINCT container) FROM bookings"), 39);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM idemgate_log WHERE status = 'committed'"), 39);
+  EXPECT_EQ(count(f.db,
+                  "SELECT count(*) FROM idemgate_log l WHERE NOT EXISTS (SELECT 1 FROM bookings "
+                  "b WHERE b.source_event = l.key)"),
+            0);
+  EXPECT_EQ(count(terminal_db, "SELECT count(*) FROM calls"), 39)
+      << "one downstream claim per key across every process";
+  EXPECT_EQ(count(terminal_db, "SELECT count(DISTINCT key) FROM calls"), 39);
+}
+
+TEST(SqliteStore, SeveralProcessesTakingStaleRowsNeverTakeTheSameRow) {
+  Fixture f;
+  constexpr int rows = 60;
+  for (int i = 0; i < rows; ++i)
+    ASSERT_EQ(reserve(f.store, idemgate::derive_key("stale", std::to_string(i)), 1ms).kind,
+              Reservation::Kind::acquired);
+  std::this_thread::sleep_for(5ms);
+  constexpr int children = 4;
+  std::vector<pid_t> pids;
+  for (int c = 0; c < children; ++c) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0) << "fork failed";
+    if (pid == 0) {
+      int code = 0;
+      try {
+        SqliteStore store(f.db, {.busy_timeout = 20s});
+        std::ofstream out(f.dir.file("taken-" + std::to_string(c)));
+        for (;;) {
+          const auto taken = store.take_stale(3, 0s, 1min);
+          if (taken.empty()) break;
+          for (const auto& s : taken) out << s.key.hex() << ' ' << s.fence << '\n';
+        }
+      } catch (...) {
+        code = 2;
+      }
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (const pid_t pid : pids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
+  std::vector<std::string> keys;
+  for (int c = 0; c < children; ++c) {
+    std::ifstream in(f.dir.file("taken-" + std::to_string(c)));
+    std::string hex;
+    std::int64_t fence = 0;
+    while (in >> hex >> fence) {
+      keys.push_back(hex);
+      EXPECT_EQ(fence, 2);
+    }
+  }
+  EXPECT_EQ(keys.size(), static_cast<std::size_t>(rows)) << "each stale row taken exactly once";
+  EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), static_cast<std::size_t>(rows));
+}
+
+TEST(SqliteStore, EightStoresOnOneFileReservingOneKeyHaveExactlyOneWinner) {
+  Fixture f;
+  for (int round = 0; round < 10; ++round) {
+    const Key key = idemgate::derive_key("race", std::to_string(round));
+    std::barrier start(8);
+    std::atomic<int> acquired{0}, errors{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+      threads.emplace_back([&] {
+        try {
+          SqliteStore own(f.db, {.busy_timeout = 20s});
+          start.arrive_and_wait();
+          if (reserve(own, key).kind == Reservation::Kind::acquired) ++acquired;
+        } catch (...) {
+          ++errors;
+        }
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(errors.load(), 0);
+    EXPECT_EQ(acquired.load(), 1) << "round " << round;
+  }
+}
+
+TEST(SqliteStore, AWriterInAnotherConnectionIsWaitedForNotReported) {
+  Fixture f;
+  auto locker = open_raw(f.db);
+  sq::exec(locker.get(), "BEGIN IMMEDIATE");
+  const Key key = idemgate::derive_key("wait", "1");
+  auto reserving = std::async(std::launch::async, [&] { return reserve(f.store, key); });
+  EXPECT_EQ(reserving.wait_for(200ms), std::future_status::timeout) << "should wait for the lock";
+  sq::exec(locker.get(), "COMMIT");
+  EXPECT_EQ(reserving.get().kind, Reservation::Kind::acquired);
+}
+
+TEST(SqliteStore, LockedDatabasePastTheBusyTimeoutIsAClearErrorAndWritesNothing) {
+  Fixture f;
+  SqliteStore impatient(f.db, {.busy_timeout = 200ms});
+  const Key held = idemgate::derive_key("locked", "held");
+  const Reservation r = reserve(impatient, held);
+  auto locker = open_raw(f.db);
+  sq::exec(locker.get(), "BEGIN EXCLUSIVE");
+  sq::exec(locker.get(),
+           "INSERT INTO bookings (container, slot, source_event) VALUES ('c', 's', x'00')");
+
+  const Key fresh = idemgate::derive_key("locked", "fresh");
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    (void)reserve(impatient, fresh);
+    FAIL() << "a reservation past the busy timeout must throw";
+  } catch (const StoreError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("busy timeout (200 ms)"), std::string::npos) << message;
+    EXPECT_NE(message.find("Do not ack"), std::string::npos) << message;
+    EXPECT_NE(message.find("SqliteOptions::busy_timeout"), std::string::npos) << message;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 3s);
+  bool business_ran = false;
+  EXPECT_THROW((void)impatient.commit(held, r.fence, "slot",
+                                      [&](SqliteTransaction& tx) {
+                                        business_ran = true;
+                                        tx.exec(
+                                            "INSERT INTO bookings (container, slot, "
+                                            "source_event) VALUES ('c', 's', x'01')");
+                                      }),
+               StoreError);
+  EXPECT_FALSE(business_ran) << "the business write never runs without the write lock";
+  EXPECT_THROW((void)impatient.take_stale(10, 0s, 1min), StoreError);
+  sq::exec(locker.get(), "ROLLBACK");
+
+  EXPECT_FALSE(impatient.find(fresh).has_value()) << "nothing was written";
+  EXPECT_EQ(impatient.find(held)->status, RecordStatus::in_flight);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0);
+  EXPECT_EQ(impatient.commit(held, r.fence, "slot", [](SqliteTransaction&) {}),
+            CommitStatus::committed)
+      << "the store works again once the lock is gone";
+}
+
+TEST(SqliteStore, FileThatIsNotADatabaseIsAClearErrorAndStaysUntouched) {
+  TempDir dir;
+  const std::string path = dir.file("garbage.db");
+  std::string garbage;
+  for (int i = 0; i < 8192; ++i) garbage += static_cast<char>((i * 7919 + 13) % 251);
+  std::ofstream(path, std::ios::binary) << garbage;
+  try {
+    SqliteStore store(path);
+    FAIL() << "a file that is not a database must be refused";
+  } catch (const StoreError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("not a database"), std::string::npos) << message;
+    EXPECT_NE(message.find("restore it from a backup"), std::string::npos) << message;
+  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string after{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  EXPECT_EQ(after, garbage) << "the file is left as it was";
+}
+
+TEST(SqliteStore, DamagedPagesAreAClearErrorNotAWrongAnswer) {
+  TempDir dir;
+  const std::string path = dir.file("damaged.db");
+  std::vector<Key> keys;
+  {
+    SqliteStore store(path);
+    store.migrate();
+    for (int i = 0; i < 300; ++i) {
+      keys.push_back(idemgate::derive_key("damaged", std::to_string(i)));
+      ASSERT_EQ(reserve(store, keys.back()).kind, Reservation::Kind::acquired);
+    }
+  }  // the last connection closing checkpoints the WAL into the file
+  ASSERT_FALSE(std::filesystem::exists(path + "-wal"));
+  {
+    // Keep the header and schema page; scribble over every page after them.
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = static_cast<std::streamoff>(std::filesystem::file_size(path));
+    file.seekp(8192);
+    for (std::streamoff at = 8192; at < size; ++at) file.put(static_cast<char>(at * 31 % 256));
+  }
+  SqliteStore store(path);
+  int errors = 0;
+  for (const Key& key : keys) {
+    try {
+      const auto row = store.find(key);
+      // Whatever is still readable must be right.
+      if (row.has_value()) {
+        EXPECT_EQ(row->key, key);
+      }
+    } catch (const StoreError& e) {
+      ++errors;
+      EXPECT_NE(std::string(e.what()).find("restore it from a backup"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_GT(errors, 0) << "damage must be reported";
+}
+
+TEST(SqliteStore, UnopenablePathIsAClearError) {
+  try {
+    SqliteStore store("/nonexistent-idemgate-dir/nested/idemgate.db");
+    FAIL() << "a path in a missing directory must be refused";
+  } catch (const StoreError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("cannot open the SQLite database at /nonexistent-idemgate-dir"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("Check that the directory exists"), std::string::npos) << message;
+  }
+  TempDir dir;
+  EXPECT_THROW(SqliteStore(dir.file("")), StoreError) << "a directory is not a database";
+}
+
+TEST(SqliteStore, UnusableTableNameIsRefusedBeforeAnythingIsOpened) {
+  TempDir dir;
+  const std::string path = dir.file("names.db");
+  for (const char* bad :
+       {"log; DROP TABLE x", "", "main.idemgate_log", "1log", "sqlite_log", "idemgate-log"})
+    EXPECT_THROW(SqliteStore(path, {.table = bad}), std::invalid_argument) << bad;
+  EXPECT_FALSE(std::filesystem::exists(path)) << "no file was created for a refused name";
+  EXPECT_THROW((void)SqliteStore::schema_sql("x y"), std::invalid_argument);
+  EXPECT_THROW(SqliteStore(path, {.busy_timeout = -1ms}), std::invalid_argument);
+  SqliteStore store(path, {.table = "Ops_Log_2"});
+  store.migrate();
+  EXPECT_EQ(reserve(store, idemgate::derive_key("n", "1")).kind, Reservation::Kind::acquired);
+}
+
+TEST(SqliteStore, MissingTableSaysToMigrate) {
+  TempDir dir;
+  SqliteStore store(dir.file("empty.db"));
+  try {
+    (void)store.find(idemgate::derive_key("a", "b"));
+    FAIL() << "a missing table must be reported";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("SqliteStore::migrate()"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SqliteStore, MigrateIsIdempotentAndTheSchemaRefusesMalformedRows) {
+  Fixture f;
+  f.store.migrate();
+  f.store.migrate();
+  auto raw = open_raw(f.db);
+  EXPECT_EQ(sq::query_int(raw.get(),
+                          "SELECT count(*) FROM sqlite_master WHERE name = 'idemgate_log_in_flight'"
+                          " AND sql LIKE '%WHERE status = ''in_flight''%'"),
+            1);
+  const std::string zeros = "x'" + std::string(64, '0') + "'";
+  EXPECT_THROW(sq::exec(raw.get(),
+                        "INSERT INTO idemgate_log (key, status, lease_until, "
+                        "fingerprint, request, created_at, updated_at) VALUES (x'00', "
+                        "'in_flight', 0, " +
+                            zeros + ", x'', 0, 0)"),
+               StoreError)
+      << "a key of the wrong length";
+  EXPECT_THROW(sq::exec(raw.get(),
+                        "INSERT INTO idemgate_log (key, status, lease_until, "
+                        "fingerprint, request, created_at, updated_at) VALUES (" +
+                            zeros + ", 'done', 0, " + zeros + ", x'', 0, 0)"),
+               StoreError)
+      << "an unknown status";
+  EXPECT_THROW(sq::exec(raw.get(),
+                        "INSERT INTO idemgate_log (key, status, lease_until, "
+                        "fingerprint, request, created_at, updated_at) VALUES (" +
+                            zeros + ", 'committed', 0, " + zeros + ", x'', 0, 0)"),
+               StoreError)
+      << "a committed row without a result";
+  EXPECT_THROW(sq::exec(raw.get(),
+                        "INSERT INTO idemgate_log (key, status, lease_until, "
+                        "fingerprint, request, created_at, updated_at) VALUES ('" +
+                            std::string(32, 'k') + "', 'in_flight', 0, " + zeros + ", x'', 0, 0)"),
+               StoreError)
+      << "a key stored as text";
+  EXPECT_NE(SqliteStore::schema_sql().find("CHECK (status <> 'committed' OR result IS NOT NULL)"),
+            std::string::npos);
+}
+
+TEST(SqliteStore, OutcomesSurviveClosingAndReopening) {
+  TempDir dir;
+  const std::string path = dir.file("durable.db");
+  const Key key = idemgate::derive_key("durable", "1");
+  {
+    SqliteStore store(path);
+    store.migrate();
+    const Reservation r = reserve(store, key);
+    ASSERT_EQ(store.commit(key, r.fence, std::string("slot\0bytes", 10), [](auto&) {}),
+              CommitStatus::committed);
+  }
+  SqliteStore reopened(path);
+  const Reservation again = reserve(reopened, key);
+  EXPECT_EQ(again.kind, Reservation::Kind::existing);
+  EXPECT_EQ(again.status, RecordStatus::committed);
+  EXPECT_EQ(again.result, std::string("slot\0bytes", 10)) << "results are bytes, not C strings";
+}
+
+TEST(SqliteStore, EmptyRequestsAndResultsAreStoredAsEmptyNotNull) {
+  Fixture f;
+  const Key key = idemgate::derive_key("empty", "1");
+  const Reservation r = f.store.reserve(key, idemgate::detail::sha256(""), "", 1min);
+  ASSERT_EQ(r.kind, Reservation::Kind::acquired);
+  ASSERT_EQ(f.store.commit(key, r.fence, "", [](auto&) {}), CommitStatus::committed);
+  const auto row = f.store.find(key);
+  EXPECT_EQ(row->request, "");
+  ASSERT_TRUE(row->result.has_value());
+  EXPECT_EQ(*row->result, "");
+}
+
+TEST(SqliteStore, TransactionExecBindsTextBlobIntegerRealAndNull) {
+  Fixture f;
+  auto raw = open_raw(f.db);
+  sq::exec(raw.get(), "CREATE TABLE kinds (t TEXT, b BLOB, i INTEGER, r REAL, n, o, k BLOB)");
+  const Key key = idemgate::derive_key("kinds", "1");
+  const Reservation r = reserve(f.store, key);
+  std::int64_t changed = 0;
+  ASSERT_EQ(f.store.commit(key, r.fence, "slot",
+                           [&](SqliteTransaction& tx) {
+                             EXPECT_NE(tx.db(), nullptr);
+                             const std::optional<std::string> absent;
+                             changed =
+                                 tx.exec("INSERT INTO kinds VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                         std::string_view("text"), idemgate::SqliteBlob{"\x01\x02"},
+                                         std::int64_t{1} << 40, 2.5, std::nullopt, absent, key);
+                             EXPECT_EQ(tx.query_int("SELECT count(*) FROM kinds WHERE i = ?",
+                                                    std::int64_t{1} << 40),
+                                       1);
+                           }),
+            CommitStatus::committed);
+  EXPECT_EQ(changed, 1);
+  EXPECT_EQ(text(raw.get(),
+                 "SELECT typeof(t) || typeof(b) || typeof(i) || typeof(r) || typeof(n) || "
+                 "typeof(o) || typeof(k) FROM kinds"),
+            "textblobintegerrealnullnullblob");
+  EXPECT_EQ(sq::query_int(raw.get(), "SELECT length(k) FROM kinds"), 32);
+  EXPECT_EQ(sq::query_int(raw.get(), "SELECT count(*) FROM kinds WHERE k = ?", key), 1);
+}
+
+TEST(SqliteStore, BusinessStatementThatFailsRollsTheCommitBack) {
+  Fixture f;
+  const Key key = idemgate::derive_key("business", "fails");
+  const Reservation r = reserve(f.store, key);
+  try {
+    (void)f.store.commit(key, r.fence, "slot", [&](SqliteTransaction& tx) {
+      book(tx, key, SlotRequest{"MSKU1", "w"}, "slot");
+      tx.exec("INSERT INTO no_such_table VALUES (1)");
+    });
+    FAIL() << "a failing business statement must throw";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("no_such_table"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(f.store.find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0);
+  EXPECT_THROW((void)f.store.commit(key, r.fence, "slot",
+                                    [](SqliteTransaction& tx) {
+                                      tx.exec(
+                                          "INSERT INTO bookings VALUES (1, 'a', 'b', x'00'); "
+                                          "DELETE FROM bookings");
+                                    }),
+               std::invalid_argument)
+      << "exec runs one statement";
+  EXPECT_EQ(f.store.find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0);
+}
+
+TEST(SqliteStore, GateBooksOnceAndAnswersDuplicatesFromTheLog) {
+  Fixture f;
+  idemgate::test::FakeTerminal<> terminal;
+  Gate gate{f.store, terminal, book};
+  const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", msku.container);
+  const auto first = gate.process(key, msku);
+  ASSERT_EQ(first.status(), idemgate::Status::processed);
+  const auto again = gate.process(key, msku);
+  EXPECT_EQ(again.status(), idemgate::Status::duplicate);
+  EXPECT_EQ(again.outcome(), first.outcome());
+  EXPECT_EQ(terminal.calls(), 1);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 1);
+}

@@ -1,0 +1,606 @@
+// The store conformance suite: the same behaviours over every store. A store that passes it is a
+// correct store. To check your own, write a traits type like the ones below and add it to
+// `Stores` (see docs/stores.md).
+
+#include "support/fake_terminal.hpp"
+#include "support/monday.hpp"
+#include "support/postgres.hpp"
+#include "support/slot_request.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/store/memory.hpp>
+#include <idemgate/store/postgres.hpp>
+#include <idemgate/store/sqlite.hpp>
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using idemgate::CommitStatus;
+using idemgate::Key;
+using idemgate::Record;
+using idemgate::RecordStatus;
+using idemgate::Reservation;
+using idemgate::Stranded;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Real time plus an offset that tests move forward; safe to read from any thread.
+class ShiftableClock {
+ public:
+  std::chrono::system_clock::time_point now() const {
+    return std::chrono::system_clock::now() + std::chrono::milliseconds(offset_ms_.load());
+  }
+  void advance(std::chrono::milliseconds by) { offset_ms_ += by.count(); }
+  std::function<std::chrono::system_clock::time_point()> fn() {
+    return [this] { return now(); };
+  }
+
+ private:
+  std::atomic<std::int64_t> offset_ms_{0};
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Traits: how the suite makes a fresh store, writes and counts business rows, and lets time
+// pass. Every traits type provides the same members. They live outside the anonymous namespace
+// so that test names read `StoreConformance.<Behaviour><SqliteTraits>`.
+// ---------------------------------------------------------------------------------------------
+
+/// MemoryStore: business rows are kept in a vector by `on_commit`; time is an injected clock.
+struct MemoryTraits {
+  using Store = idemgate::MemoryStore;
+
+  void set_up() { store = std::make_unique<Store>(clock.fn()); }
+  void tear_down() {}
+
+  /// The business write: one row tagged with the key, staged in the store's transaction.
+  void write_business(Store::transaction& tx, const Key& key) {
+    tx.on_commit([this, key] {
+      std::lock_guard lock(mutex);
+      rows.push_back(key);
+    });
+  }
+  std::int64_t business_rows() {
+    std::lock_guard lock(mutex);
+    return static_cast<std::int64_t>(rows.size());
+  }
+  std::int64_t business_rows_for(const Key& key) {
+    std::lock_guard lock(mutex);
+    return std::count(rows.begin(), rows.end(), key);
+  }
+  std::int64_t distinct_business_events() {
+    std::lock_guard lock(mutex);
+    return static_cast<std::int64_t>(std::set<Key>(rows.begin(), rows.end()).size());
+  }
+  /// Lets `by` pass for every lease and timestamp in the store.
+  void advance(std::chrono::milliseconds by) { clock.advance(by); }
+
+  ShiftableClock clock;
+  std::unique_ptr<Store> store;
+  std::mutex mutex;
+  std::vector<Key> rows;
+};
+
+/// SqliteStore: a fresh file in a temp directory; business rows in a table of the same file;
+/// time is an injected clock.
+struct SqliteTraits {
+  using Store = idemgate::SqliteStore;
+
+  void set_up() {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "idemgate-conformance-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << "cannot create a temp directory";
+    dir = pattern;
+    const std::string path = (dir / "idemgate.db").string();
+    store = std::make_unique<Store>(path, idemgate::SqliteOptions{.clock = clock.fn()});
+    store->migrate();
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+    reader.reset(raw);
+    idemgate::detail::sqlite::exec(reader.get(),
+                                   "CREATE TABLE bookings (id INTEGER PRIMARY KEY, source_event "
+                                   "BLOB NOT NULL, note TEXT NOT NULL)");
+  }
+  void tear_down() {
+    store.reset();
+    reader.reset();
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+
+  void write_business(Store::transaction& tx, const Key& key) {
+    tx.exec("INSERT INTO bookings (source_event, note) VALUES (?, ?)", key, "booked");
+  }
+  std::int64_t business_rows() { return count("SELECT count(*) FROM bookings"); }
+  std::int64_t business_rows_for(const Key& key) {
+    return count("SELECT count(*) FROM bookings WHERE source_event = ?", key);
+  }
+  std::int64_t distinct_business_events() {
+    return count("SELECT count(DISTINCT source_event) FROM bookings");
+  }
+  void advance(std::chrono::milliseconds by) { clock.advance(by); }
+
+  template <class... Args>
+  std::int64_t count(const std::string& sql, const Args&... args) {
+    return idemgate::detail::sqlite::query_int(reader.get(), sql, args...).value_or(-1);
+  }
+
+  ShiftableClock clock;
+  std::filesystem::path dir;
+  std::unique_ptr<Store> store;
+  idemgate::detail::sqlite::Connection reader;  // a second connection: sees only what committed
+};
+
+/// PostgresStore: unique tables on the server in IDEMGATE_TEST_PG (the suite fails without it);
+/// time passes by moving the stored timestamps back.
+struct PostgresTraits {
+  using Store = idemgate::PostgresStore;
+
+  void set_up() {
+    namespace t = idemgate::test;
+    uri = t::pg_uri();
+    ASSERT_FALSE(uri.empty()) << "the conformance suite needs PostgreSQL: set IDEMGATE_TEST_PG";
+    log = t::unique_table("clog");
+    bookings = t::unique_table("cbiz");
+    t::pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+    t::pg_exec("CREATE TABLE " + bookings +
+               " (id bigserial PRIMARY KEY, source_event bytea NOT NULL, note text NOT NULL)");
+    // Eight connections: the concurrency tests run eight threads that really race.
+    store = std::make_unique<Store>(
+        uri, idemgate::PostgresOptions{.table = log, .pool_size = 8, .checkout_timeout = 5s});
+    store->migrate();
+  }
+  void tear_down() {
+    store.reset();
+    if (!uri.empty()) idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+  }
+
+  void write_business(Store::transaction& tx, const Key& key) {
+    namespace pq = idemgate::detail::pq;
+    pq::exec_params(tx, "INSERT INTO " + bookings + " (source_event, note) VALUES ($1::bytea, $2)",
+                    pq::bytea_param(key.view()), std::string("booked"));
+  }
+  std::int64_t business_rows() {
+    return idemgate::test::pg_count("SELECT count(*) FROM " + bookings);
+  }
+  std::int64_t business_rows_for(const Key& key) {
+    return idemgate::test::pg_count("SELECT count(*) FROM " + bookings + " WHERE source_event = '" +
+                                    idemgate::detail::pq::bytea_param(key.view()) + "'::bytea");
+  }
+  std::int64_t distinct_business_events() {
+    return idemgate::test::pg_count("SELECT count(DISTINCT source_event) FROM " + bookings);
+  }
+  void advance(std::chrono::milliseconds by) {
+    const std::string shift = std::to_string(by.count()) + " * interval '1 millisecond'";
+    idemgate::test::pg_exec("UPDATE " + log + " SET lease_until = lease_until - " + shift +
+                            ", updated_at = updated_at - " + shift +
+                            ", created_at = created_at - " + shift);
+  }
+
+  std::string uri, log, bookings;
+  std::unique_ptr<Store> store;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The suite.
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+template <class Traits>
+class StoreConformance : public ::testing::Test {
+ protected:
+  using Store = typename Traits::Store;
+
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(traits_.set_up()); }
+  void TearDown() override { traits_.tear_down(); }
+
+  Store& store() { return *traits_.store; }
+
+  Reservation reserve(const Key& key, const std::string& request = "request",
+                      std::chrono::milliseconds lease = 1min) {
+    return store().reserve(key, idemgate::detail::sha256(request), request, lease);
+  }
+
+  /// The business write for `key`, as the store's commit and resolve take it.
+  auto writer(const Key& key) {
+    return [this, key](auto& tx) { traits_.write_business(tx, key); };
+  }
+
+  RecordStatus status_of(const Key& key) {
+    const auto row = store().find(key);
+    if (!row) throw std::logic_error("no row for " + key.hex());
+    return row->status;
+  }
+
+  Traits traits_;
+};
+
+using Stores = ::testing::Types<MemoryTraits, SqliteTraits, PostgresTraits>;
+TYPED_TEST_SUITE(StoreConformance, Stores);
+
+Key key_of(const std::string& name) {
+  return idemgate::derive_key("conformance", name);
+}
+
+}  // namespace
+
+TYPED_TEST(StoreConformance, FirstReservationAcquiresWithFenceOne) {
+  const Key key = key_of("first");
+  EXPECT_FALSE(this->store().find(key).has_value());
+  const Reservation r = this->reserve(key, "MSKU1\n07:00");
+  EXPECT_EQ(r.kind, Reservation::Kind::acquired);
+  EXPECT_EQ(r.fence, 1);
+  const auto row = this->store().find(key);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->key, key);
+  EXPECT_EQ(row->status, RecordStatus::in_flight);
+  EXPECT_EQ(row->fence, 1);
+  EXPECT_EQ(row->request, "MSKU1\n07:00");
+  EXPECT_EQ(row->fingerprint, idemgate::detail::sha256("MSKU1\n07:00"));
+  EXPECT_FALSE(row->result.has_value());
+  EXPECT_GT(row->lease_until, row->created_at);
+}
+
+TYPED_TEST(StoreConformance, SecondReservationFindsTheKeyInFlightAsTheSameRequest) {
+  const Key key = key_of("second");
+  ASSERT_EQ(this->reserve(key).kind, Reservation::Kind::acquired);
+  const Reservation again = this->reserve(key);
+  EXPECT_EQ(again.kind, Reservation::Kind::existing);
+  EXPECT_EQ(again.status, RecordStatus::in_flight);
+  EXPECT_TRUE(again.same_request);
+  EXPECT_EQ(again.fence, 1);
+  EXPECT_EQ(this->store().find(key)->fence, 1) << "a live lease is never taken over";
+}
+
+TYPED_TEST(StoreConformance, ReservationWithADifferentRequestIsNotTheSameRequest) {
+  const Key key = key_of("different");
+  ASSERT_EQ(this->reserve(key, "first request", 10s).kind, Reservation::Kind::acquired);
+  const Reservation clash = this->reserve(key, "second request", 10s);
+  EXPECT_EQ(clash.kind, Reservation::Kind::existing);
+  EXPECT_FALSE(clash.same_request);
+  this->traits_.advance(11s);
+  const Reservation late = this->reserve(key, "second request", 10s);
+  EXPECT_EQ(late.kind, Reservation::Kind::existing)
+      << "a different request never takes an expired lease over";
+  EXPECT_FALSE(late.same_request);
+  EXPECT_EQ(this->store().find(key)->fence, 1);
+  EXPECT_EQ(this->store().find(key)->request, "first request");
+}
+
+TYPED_TEST(StoreConformance, CommitWritesStatusResultAndBusinessRowTogether) {
+  const Key key = key_of("commit");
+  const Reservation r = this->reserve(key);
+  EXPECT_EQ(this->traits_.business_rows(), 0);
+  EXPECT_EQ(this->store().commit(key, r.fence, "slot-1", this->writer(key)),
+            CommitStatus::committed);
+  const auto row = this->store().find(key);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->status, RecordStatus::committed);
+  EXPECT_EQ(row->result, "slot-1");
+  EXPECT_EQ(row->fence, r.fence);
+  EXPECT_EQ(this->traits_.business_rows_for(key), 1);
+  const Reservation duplicate = this->reserve(key);
+  EXPECT_EQ(duplicate.kind, Reservation::Kind::existing);
+  EXPECT_EQ(duplicate.status, RecordStatus::committed);
+  EXPECT_TRUE(duplicate.same_request);
+  EXPECT_EQ(duplicate.result, "slot-1");
+}
+
+TYPED_TEST(StoreConformance, CommitUnderAStaleFenceLosesTheLeaseAndWritesNothing) {
+  const Key key = key_of("stale");
+  const Reservation first = this->reserve(key, "request", 10s);
+  this->traits_.advance(11s);
+  const Reservation second = this->reserve(key, "request", 10s);
+  ASSERT_EQ(second.kind, Reservation::Kind::taken_over);
+  EXPECT_EQ(this->store().commit(key, first.fence, "slot-old", this->writer(key)),
+            CommitStatus::lost_lease);
+  EXPECT_EQ(this->store().commit(key, second.fence + 5, "slot-future", this->writer(key)),
+            CommitStatus::lost_lease);
+  EXPECT_EQ(this->traits_.business_rows(), 0);
+  const auto row = this->store().find(key);
+  EXPECT_EQ(row->status, RecordStatus::in_flight);
+  EXPECT_EQ(row->fence, second.fence);
+  EXPECT_FALSE(row->result.has_value());
+  EXPECT_EQ(this->store().commit(key, second.fence, "slot-new", this->writer(key)),
+            CommitStatus::committed);
+  EXPECT_EQ(this->traits_.business_rows_for(key), 1);
+  EXPECT_EQ(this->store().find(key)->result, "slot-new");
+  EXPECT_EQ(this->store().commit(key_of("never reserved"), 1, "slot", this->writer(key)),
+            CommitStatus::lost_lease);
+  EXPECT_EQ(this->traits_.business_rows(), 1);
+}
+
+TYPED_TEST(StoreConformance, BusinessWriteThatThrowsCommitsNothingAndLeavesTheRowInFlight) {
+  const Key key = key_of("throws");
+  const Reservation r = this->reserve(key);
+  auto failing = [&](auto& tx) {
+    this->traits_.write_business(tx, key);
+    throw std::runtime_error("the business system refused");
+  };
+  EXPECT_THROW(this->store().commit(key, r.fence, "slot-1", failing), std::runtime_error);
+  const auto row = this->store().find(key);
+  EXPECT_EQ(row->status, RecordStatus::in_flight);
+  EXPECT_FALSE(row->result.has_value());
+  EXPECT_EQ(this->traits_.business_rows(), 0);
+  // The store is still usable and the holder may commit once the business write succeeds.
+  EXPECT_EQ(this->store().commit(key, r.fence, "slot-1", this->writer(key)),
+            CommitStatus::committed);
+  EXPECT_EQ(this->traits_.business_rows(), 1);
+}
+
+TYPED_TEST(StoreConformance, RepeatedCommitUnderTheSameFenceIsCommittedWithoutRepeatingTheWrite) {
+  const Key key = key_of("repeat");
+  const Reservation r = this->reserve(key);
+  ASSERT_EQ(this->store().commit(key, r.fence, "slot-1", this->writer(key)),
+            CommitStatus::committed);
+  EXPECT_EQ(this->store().commit(key, r.fence, "slot-1", this->writer(key)),
+            CommitStatus::committed);
+  EXPECT_EQ(this->store().commit(key, r.fence, "slot-2", this->writer(key)),
+            CommitStatus::committed);
+  EXPECT_EQ(this->traits_.business_rows_for(key), 1);
+  EXPECT_EQ(this->store().find(key)->result, "slot-1") << "the first commit's result stays";
+  EXPECT_EQ(this->store().commit(key, r.fence + 1, "slot-3", this->writer(key)),
+            CommitStatus::lost_lease);
+  EXPECT_EQ(this->traits_.business_rows(), 1);
+}
+
+TYPED_TEST(StoreConformance, FailIsFencedAndTheNextReservationSeesTheReason) {
+  const Key key = key_of("fail");
+  const Reservation r = this->reserve(key);
+  EXPECT_EQ(this->store().fail(key, r.fence + 1, "wrong fence"), CommitStatus::lost_lease);
+  EXPECT_EQ(this->status_of(key), RecordStatus::in_flight);
+  EXPECT_EQ(this->store().fail(key, r.fence, "422 unknown container"), CommitStatus::committed);
+  const Reservation again = this->reserve(key);
+  EXPECT_EQ(again.kind, Reservation::Kind::existing);
+  EXPECT_EQ(again.status, RecordStatus::failed);
+  EXPECT_EQ(again.reason, "422 unknown container");
+  EXPECT_EQ(this->store().find(key)->reason, "422 unknown container");
+  EXPECT_EQ(this->store().commit(key, r.fence, "slot", this->writer(key)),
+            CommitStatus::lost_lease);
+  EXPECT_EQ(this->store().escalate(key, r.fence, "late"), CommitStatus::lost_lease);
+  EXPECT_EQ(this->status_of(key), RecordStatus::failed);
+  EXPECT_EQ(this->traits_.business_rows(), 0);
+  EXPECT_EQ(this->store().fail(key_of("never reserved"), 1, "x"), CommitStatus::lost_lease);
+}
+
+TYPED_TEST(StoreConformance, EscalateIsFencedAndTheNextReservationSeesTheReason) {
+  const Key key = key_of("escalate");
+  const Reservation first = this->reserve(key, "request", 10s);
+  this->traits_.advance(11s);
+  const Reservation second = this->reserve(key, "request", 10s);
+  ASSERT_EQ(second.kind, Reservation::Kind::taken_over);
+  EXPECT_EQ(this->store().escalate(key, first.fence, "stale worker"), CommitStatus::lost_lease);
+  EXPECT_EQ(this->status_of(key), RecordStatus::in_flight);
+  EXPECT_EQ(this->store().escalate(key, second.fence, "needs a human"), CommitStatus::committed);
+  const Reservation again = this->reserve(key);
+  EXPECT_EQ(again.kind, Reservation::Kind::existing);
+  EXPECT_EQ(again.status, RecordStatus::escalated);
+  EXPECT_EQ(again.reason, "needs a human");
+  this->traits_.advance(1h);
+  EXPECT_EQ(this->reserve(key).kind, Reservation::Kind::existing)
+      << "an escalated row is never taken over, however old";
+  EXPECT_EQ(this->store().commit(key, second.fence, "slot", this->writer(key)),
+            CommitStatus::lost_lease);
+  EXPECT_EQ(this->traits_.business_rows(), 0);
+}
+
+TYPED_TEST(StoreConformance, ReleaseNeedsTheCurrentFenceAndFreesTheKey) {
+  const Key key = key_of("release");
+  const Reservation r = this->reserve(key);
+  EXPECT_FALSE(this->store().release(key, r.fence + 1));
+  EXPECT_TRUE(this->store().find(key).has_value());
+  EXPECT_TRUE(this->store().release(key, r.fence));
+  EXPECT_FALSE(this->store().find(key).has_value());
+  EXPECT_FALSE(this->store().release(key, r.fence)) << "a second release finds nothing";
+  EXPECT_EQ(this->store().commit(key, r.fence, "slot", this->writer(key)), CommitStatus::lost_lease)
+      << "a released key cannot be committed";
+  const Reservation next = this->reserve(key);
+  EXPECT_EQ(next.kind, Reservation::Kind::acquired);
+  ASSERT_EQ(this->store().commit(key, next.fence, "slot", this->writer(key)),
+            CommitStatus::committed);
+  EXPECT_FALSE(this->store().release(key, next.fence)) << "a committed row is never released";
+  EXPECT_EQ(this->status_of(key), RecordStatus::committed);
+}
+
+TYPED_TEST(StoreConformance, ExpiredLeaseIsTakenOverWithTheNextFenceLiveLeaseIsNot) {
+  const Key key = key_of("takeover");
+  ASSERT_EQ(this->reserve(key, "request", 10s).fence, 1);
+  this->traits_.advance(5s);
+  const Reservation live = this->reserve(key, "request", 10s);
+  EXPECT_EQ(live.kind, Reservation::Kind::existing);
+  EXPECT_EQ(live.status, RecordStatus::in_flight);
+  this->traits_.advance(6s);
+  const Reservation taken = this->reserve(key, "request", 10s);
+  EXPECT_EQ(taken.kind, Reservation::Kind::taken_over);
+  EXPECT_EQ(taken.fence, 2);
+  const Reservation after = this->reserve(key, "request", 10s);
+  EXPECT_EQ(after.kind, Reservation::Kind::existing) << "the new lease is live";
+  EXPECT_EQ(after.fence, 2);
+  this->traits_.advance(11s);
+  EXPECT_EQ(this->reserve(key, "request", 10s).fence, 3);
+  EXPECT_EQ(this->store().find(key)->fence, 3);
+}
+
+TYPED_TEST(StoreConformance, TakeStaleRespectsLeaseStalenessAndLimitAndBumpsFences) {
+  const Key k1 = key_of("stale-1"), k2 = key_of("stale-2"), k3 = key_of("stale-3");
+  const Key live = key_of("stale-live"), done = key_of("stale-done");
+  // Lease order (k2, k3, k1) differs from insertion order, so "oldest lease first" shows.
+  this->reserve(k1, "r1", 30s);
+  this->reserve(k2, "r2", 10s);
+  this->reserve(k3, "r3", 20s);
+  this->reserve(live, "live", 1h);
+  const Reservation d = this->reserve(done, "done", 10s);
+  ASSERT_EQ(this->store().commit(done, d.fence, "slot", this->writer(done)),
+            CommitStatus::committed);
+  EXPECT_TRUE(this->store().take_stale(10, 0s, 1min).empty()) << "every lease is still live";
+  this->traits_.advance(31s);
+  EXPECT_TRUE(this->store().take_stale(10, 1min, 1min).empty())
+      << "nothing has been unchanged for a minute yet";
+
+  const std::vector<Stranded> oldest = this->store().take_stale(2, 0s, 1min);
+  ASSERT_EQ(oldest.size(), 2u) << "the limit holds";
+  std::set<Key> taken;
+  for (const Stranded& s : oldest) {
+    taken.insert(s.key);
+    EXPECT_EQ(s.fence, 2);
+    EXPECT_EQ(s.request, s.key == k2 ? "r2" : "r3");
+  }
+  EXPECT_EQ(taken, (std::set<Key>{k2, k3})) << "oldest lease first";
+  const std::vector<Stranded> rest = this->store().take_stale(10, 0s, 1min);
+  ASSERT_EQ(rest.size(), 1u) << "taken rows hold a new live lease";
+  EXPECT_EQ(rest[0].key, k1);
+  EXPECT_EQ(rest[0].fence, 2);
+  EXPECT_EQ(rest[0].request, "r1");
+  EXPECT_TRUE(this->store().take_stale(10, 0s, 1min).empty());
+
+  EXPECT_EQ(this->store().find(live)->fence, 1);
+  EXPECT_EQ(this->store().find(done)->status, RecordStatus::committed);
+  EXPECT_EQ(this->store().commit(k1, 1, "slot", this->writer(k1)), CommitStatus::lost_lease);
+  EXPECT_EQ(this->store().commit(k1, 2, "slot", this->writer(k1)), CommitStatus::committed);
+  EXPECT_EQ(this->traits_.business_rows(), 2);
+}
+
+TYPED_TEST(StoreConformance, EscalatedListsOldestFirst) {
+  const Key a = key_of("esc-a"), b = key_of("esc-b"), c = key_of("esc-c");
+  const Key flying = key_of("esc-flying");
+  const auto ra = this->reserve(a), rb = this->reserve(b), rc = this->reserve(c);
+  this->reserve(flying);
+  ASSERT_EQ(this->store().escalate(b, rb.fence, "reason b"), CommitStatus::committed);
+  this->traits_.advance(1s);
+  ASSERT_EQ(this->store().escalate(a, ra.fence, "reason a"), CommitStatus::committed);
+  this->traits_.advance(1s);
+  ASSERT_EQ(this->store().escalate(c, rc.fence, "reason c"), CommitStatus::committed);
+
+  const std::vector<Record> all = this->store().escalated(10);
+  ASSERT_EQ(all.size(), 3u) << "in-flight rows are not listed";
+  EXPECT_EQ(all[0].key, b);
+  EXPECT_EQ(all[1].key, a);
+  EXPECT_EQ(all[2].key, c);
+  EXPECT_EQ(all[0].reason, "reason b");
+  EXPECT_EQ(all[0].status, RecordStatus::escalated);
+  EXPECT_EQ(all[0].request, "request");
+  const std::vector<Record> two = this->store().escalated(2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].key, b);
+  EXPECT_EQ(two[1].key, a);
+}
+
+TYPED_TEST(StoreConformance, ResolveCommitsAnEscalatedRowWithItsBusinessWriteOnly) {
+  const Key parked = key_of("resolve-parked"), flying = key_of("resolve-flying");
+  const Reservation r = this->reserve(parked);
+  const Reservation f = this->reserve(flying);
+  ASSERT_EQ(this->store().escalate(parked, r.fence, "no key support"), CommitStatus::committed);
+
+  EXPECT_FALSE(this->store().resolve(flying, "slot", this->writer(flying)))
+      << "an in-flight row is not resolved";
+  EXPECT_FALSE(this->store().resolve(key_of("unknown"), "slot", this->writer(flying)));
+  EXPECT_EQ(this->status_of(flying), RecordStatus::in_flight);
+  EXPECT_EQ(this->traits_.business_rows(), 0);
+
+  auto failing = [&](auto& tx) {
+    this->traits_.write_business(tx, parked);
+    throw std::runtime_error("the business system refused");
+  };
+  EXPECT_THROW(this->store().resolve(parked, "slot-9", failing), std::runtime_error);
+  EXPECT_EQ(this->status_of(parked), RecordStatus::escalated);
+  EXPECT_EQ(this->traits_.business_rows(), 0);
+
+  EXPECT_TRUE(this->store().resolve(parked, "slot-9", this->writer(parked)));
+  const auto row = this->store().find(parked);
+  EXPECT_EQ(row->status, RecordStatus::committed);
+  EXPECT_EQ(row->result, "slot-9");
+  EXPECT_EQ(this->traits_.business_rows_for(parked), 1);
+  EXPECT_FALSE(this->store().resolve(parked, "slot-9", this->writer(parked)))
+      << "a resolved row is not resolved twice";
+  EXPECT_EQ(this->traits_.business_rows(), 1);
+  EXPECT_TRUE(this->store().escalated(10).empty());
+  const Reservation duplicate = this->reserve(parked);
+  EXPECT_EQ(duplicate.status, RecordStatus::committed);
+  EXPECT_EQ(duplicate.result, "slot-9");
+  EXPECT_EQ(f.fence, this->store().find(flying)->fence);
+}
+
+TYPED_TEST(StoreConformance, EightThreadsReservingOneKeyHaveExactlyOneWinner) {
+  for (int round = 0; round < 10; ++round) {
+    const Key key = key_of("race-" + std::to_string(round));
+    std::barrier start(8);
+    std::atomic<int> acquired{0}, existing{0}, errors{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+      threads.emplace_back([&] {
+        start.arrive_and_wait();
+        try {
+          const Reservation r = this->reserve(key);
+          if (r.kind == Reservation::Kind::acquired) ++acquired;
+          if (r.kind == Reservation::Kind::existing && r.same_request &&
+              r.status == RecordStatus::in_flight && r.fence == 1)
+            ++existing;
+        } catch (...) {
+          ++errors;
+        }
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(errors.load(), 0) << "round " << round;
+    EXPECT_EQ(acquired.load(), 1) << "round " << round;
+    EXPECT_EQ(existing.load(), 7) << "round " << round;
+    EXPECT_EQ(this->store().find(key)->fence, 1);
+  }
+}
+
+TYPED_TEST(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerContainer) {
+  using idemgate::test::SlotRequest;
+  idemgate::test::FakeTerminal<> terminal;
+  idemgate::Gate gate{this->store(), terminal,
+                      [this](auto& tx, const Key& key, const SlotRequest&, const std::string&) {
+                        this->traits_.write_business(tx, key);
+                      }};
+  const auto deliveries = idemgate::test::monday_deliveries();
+  ASSERT_EQ(deliveries.size(), 87u);
+  std::atomic<std::size_t> next{0};
+  std::atomic<int> not_acked{0}, errors{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w)
+    workers.emplace_back([&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < deliveries.size();) {
+        const auto& n = deliveries[i];
+        try {
+          const Key key =
+              idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
+          if (!gate.process(key, SlotRequest{n.equipment_number, n.preferred_window}).should_ack())
+            ++not_acked;
+        } catch (...) {
+          ++errors;
+        }
+      }
+    });
+  for (auto& w : workers) w.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(not_acked.load(), 0);
+  EXPECT_EQ(terminal.calls(), 39);
+  EXPECT_EQ(terminal.slots_issued(), 39);
+  EXPECT_EQ(this->traits_.business_rows(), 39);
+  EXPECT_EQ(this->traits_.distinct_business_events(), 39);
+  for (const auto& n : idemgate::test::monday_notifications()) {
+    const Key key = idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
+    const auto row = this->store().find(key);
+    ASSERT_TRUE(row.has_value()) << n.notification_id;
+    EXPECT_EQ(row->status, RecordStatus::committed) << n.notification_id;
+    EXPECT_EQ(this->traits_.business_rows_for(key), 1) << n.notification_id;
+  }
+}

@@ -1,0 +1,444 @@
+#include <idemgate/webhook/standard.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+using idemgate::StandardWebhookVerifier;
+using idemgate::WebhookOptions;
+using idemgate::WebhookRejection;
+using idemgate::WebhookVerification;
+
+namespace {
+
+// The example published with the Standard Webhooks specification.
+constexpr std::string_view secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+constexpr std::string_view id = "msg_p5jXN8AQM9LWM0D4loKWxJek";
+constexpr std::string_view timestamp = "1614265330";
+constexpr std::int64_t signed_at = 1614265330;
+constexpr std::string_view body = R"({"test": 2432232314})";
+constexpr std::string_view signature = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+
+WebhookOptions clock_at(std::int64_t now,
+                        std::chrono::seconds tolerance = std::chrono::seconds(300)) {
+  return WebhookOptions{tolerance, [now] { return now; }};
+}
+
+StandardWebhookVerifier verifier_at(std::int64_t now) {
+  return StandardWebhookVerifier(secret, clock_at(now));
+}
+
+WebhookRejection rejection_of(const WebhookVerification& result) {
+  EXPECT_FALSE(result.ok()) << "expected a rejection, but the delivery verified";
+  return result.rejection();
+}
+
+// A signature for the published delivery signed `now_offset` seconds away from `signed_at`,
+// verified by a verifier whose clock reads `signed_at`.
+WebhookVerification verify_signed_at_offset(
+    std::int64_t offset, std::chrono::seconds tolerance = std::chrono::seconds(300)) {
+  const StandardWebhookVerifier verifier(secret, clock_at(signed_at, tolerance));
+  const std::int64_t at = signed_at + offset;
+  return verifier.verify(id, std::to_string(at), verifier.sign(id, at, body), body);
+}
+
+}  // namespace
+
+TEST(StandardWebhook, PublishedVectorVerifies) {
+  const WebhookVerification result = verifier_at(signed_at).verify(id, timestamp, signature, body);
+  ASSERT_TRUE(result.ok()) << result.message();
+  EXPECT_EQ(result.id(), id);
+  EXPECT_EQ(result.timestamp(), signed_at);
+  EXPECT_TRUE(result.message().empty());
+}
+
+TEST(StandardWebhook, SignerReproducesPublishedVector) {
+  EXPECT_EQ(verifier_at(signed_at).sign(id, signed_at, body), signature);
+  EXPECT_EQ(idemgate::sign_standard_webhook(secret, id, signed_at, body), signature);
+}
+
+TEST(StandardWebhook, SecretWithoutPrefixVerifies) {
+  const StandardWebhookVerifier verifier(secret.substr(6), clock_at(signed_at));
+  EXPECT_TRUE(verifier.verify(id, timestamp, signature, body).ok());
+  EXPECT_EQ(verifier.sign(id, signed_at, body), signature);
+}
+
+TEST(StandardWebhook, RotatedSecretsPassWhenAnyV1SignatureMatches) {
+  const std::string wrong = idemgate::sign_standard_webhook(
+      "whsec_" + idemgate::detail::base64_encode("another key"), id, signed_at, body);
+  ASSERT_NE(wrong, signature);
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  EXPECT_TRUE(verifier.verify(id, timestamp, wrong + " " + std::string(signature), body).ok());
+  EXPECT_TRUE(verifier.verify(id, timestamp, std::string(signature) + " " + wrong, body).ok());
+  EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, wrong, body)),
+            WebhookRejection::bad_signature);
+}
+
+TEST(StandardWebhook, SignaturesOfOtherVersionsAreIgnored) {
+  const std::string valid_bytes_as_v2 = "v2," + std::string(signature.substr(3));
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, valid_bytes_as_v2, body)),
+            WebhookRejection::bad_signature);
+  EXPECT_TRUE(
+      verifier.verify(id, timestamp, valid_bytes_as_v2 + " " + std::string(signature), body).ok());
+  EXPECT_TRUE(
+      verifier.verify(id, timestamp, "v1a,AAAA " + std::string(signature) + " v2,AAAA", body).ok());
+}
+
+TEST(StandardWebhook, MalformedSignatureEntriesAreSkippedNotFatal) {
+  const std::string junk = "v1 v1, v1,!!!! v1,AAAA v1,g0hM9SsE+OTPJTGt ,,, v1,g0hM9SsE===";
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, junk, body)),
+            WebhookRejection::bad_signature);
+  EXPECT_TRUE(verifier.verify(id, timestamp, junk + "  " + std::string(signature), body).ok());
+}
+
+TEST(StandardWebhook, UnpaddedSignatureVerifies) {
+  const std::string unpadded(signature.substr(0, signature.size() - 1));
+  EXPECT_TRUE(verifier_at(signed_at).verify(id, timestamp, unpadded, body).ok());
+}
+
+TEST(StandardWebhook, HeaderMapWithWebhookNamesVerifies) {
+  const std::map<std::string, std::string> headers{{"webhook-id", std::string(id)},
+                                                   {"webhook-timestamp", std::string(timestamp)},
+                                                   {"webhook-signature", std::string(signature)}};
+  const WebhookVerification result = verifier_at(signed_at).verify(headers, body);
+  ASSERT_TRUE(result.ok()) << result.message();
+  EXPECT_EQ(result.id(), id);
+}
+
+TEST(StandardWebhook, SvixHeaderNamesAreAccepted) {
+  const std::map<std::string, std::string> headers{{"svix-id", std::string(id)},
+                                                   {"svix-timestamp", std::string(timestamp)},
+                                                   {"svix-signature", std::string(signature)}};
+  const WebhookVerification result = verifier_at(signed_at).verify(headers, body);
+  ASSERT_TRUE(result.ok()) << result.message();
+  EXPECT_EQ(result.id(), id);
+}
+
+TEST(StandardWebhook, WebhookNamesTakePrecedenceOverSvixNames) {
+  const std::map<std::string, std::string> headers{{"webhook-id", std::string(id)},
+                                                   {"svix-id", "msg_someone_else"},
+                                                   {"webhook-timestamp", std::string(timestamp)},
+                                                   {"svix-timestamp", "1"},
+                                                   {"webhook-signature", std::string(signature)},
+                                                   {"svix-signature", "v1,AAAA"}};
+  const WebhookVerification result = verifier_at(signed_at).verify(headers, body);
+  ASSERT_TRUE(result.ok()) << result.message();
+  EXPECT_EQ(result.id(), id);
+}
+
+TEST(StandardWebhook, HeaderNamesMatchCaseInsensitively) {
+  const std::vector<std::pair<std::string_view, std::string_view>> headers{
+      {"Content-Type", "application/json"},
+      {"Webhook-Id", id},
+      {"WEBHOOK-TIMESTAMP", timestamp},
+      {"wEbHoOk-SiGnAtUrE", signature}};
+  const WebhookVerification result = verifier_at(signed_at).verify(headers, body);
+  ASSERT_TRUE(result.ok()) << result.message();
+  EXPECT_EQ(result.id(), id);
+
+  const std::vector<std::pair<std::string, std::string>> svix{
+      {"Svix-Id", std::string(id)},
+      {"SVIX-Timestamp", std::string(timestamp)},
+      {"Svix-Signature", std::string(signature)}};
+  EXPECT_TRUE(verifier_at(signed_at).verify(svix, body).ok());
+}
+
+TEST(StandardWebhook, LookupCallableIsAskedForLowercaseNamesAndMayReturnOwningStrings) {
+  const std::map<std::string, std::string> stored{{"webhook-id", std::string(id)},
+                                                  {"webhook-timestamp", std::string(timestamp)},
+                                                  {"webhook-signature", std::string(signature)}};
+  std::set<std::string> asked;
+  // Returns copies, so the verifier must keep them alive while it reads them.
+  const auto lookup = [&](std::string_view name) -> std::optional<std::string> {
+    asked.emplace(name);
+    const auto it = stored.find(std::string(name));
+    if (it == stored.end()) return std::nullopt;
+    return it->second;
+  };
+  const WebhookVerification result = verifier_at(signed_at).verify(lookup, body);
+  ASSERT_TRUE(result.ok()) << result.message();
+  EXPECT_EQ(asked, (std::set<std::string>{"webhook-id", "webhook-timestamp", "webhook-signature"}));
+}
+
+TEST(StandardWebhook, LookupCallableReturningPointersWorks) {
+  const std::map<std::string, std::string, std::less<>> stored{
+      {"svix-id", std::string(id)},
+      {"svix-timestamp", std::string(timestamp)},
+      {"svix-signature", std::string(signature)}};
+  const auto lookup = [&](std::string_view name) -> const std::string* {
+    const auto it = stored.find(name);
+    return it == stored.end() ? nullptr : &it->second;
+  };
+  EXPECT_TRUE(verifier_at(signed_at).verify(lookup, body).ok());
+}
+
+TEST(StandardWebhook, EachMissingHeaderIsRejectedAndNamed) {
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  const std::vector<std::string> names{"webhook-id", "webhook-timestamp", "webhook-signature"};
+  for (const std::string& dropped : names) {
+    std::map<std::string, std::string> headers{{"webhook-id", std::string(id)},
+                                               {"webhook-timestamp", std::string(timestamp)},
+                                               {"webhook-signature", std::string(signature)}};
+    headers.erase(dropped);
+    const WebhookVerification result = verifier.verify(headers, body);
+    EXPECT_EQ(rejection_of(result), WebhookRejection::missing_header) << dropped;
+    EXPECT_NE(result.message().find(dropped), std::string::npos) << result.message();
+  }
+  const std::map<std::string, std::string> none;
+  EXPECT_EQ(rejection_of(verifier.verify(none, body)), WebhookRejection::missing_header);
+}
+
+TEST(StandardWebhook, EmptyHeaderValuesCountAsMissing) {
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  EXPECT_EQ(rejection_of(verifier.verify("", timestamp, signature, body)),
+            WebhookRejection::missing_header);
+  EXPECT_EQ(rejection_of(verifier.verify(id, "", signature, body)),
+            WebhookRejection::missing_header);
+  EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, "", body)),
+            WebhookRejection::missing_header);
+}
+
+TEST(StandardWebhook, NonNumericOrOverflowingTimestampIsMalformed) {
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  for (const std::string_view bad :
+       {"abc", "1614265330.5", " 1614265330", "1614265330 ", "+1614265330", "-1614265330",
+        "1614265330s", "0x60379b72", "9223372036854775808", "99999999999999999999999",
+        "1614265330\n"}) {
+    const WebhookVerification result = verifier.verify(id, bad, signature, body);
+    EXPECT_EQ(rejection_of(result), WebhookRejection::malformed_timestamp) << bad;
+  }
+}
+
+TEST(StandardWebhook, LargestRepresentableTimestampIsParsedNotMalformed) {
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  const std::int64_t largest = std::numeric_limits<std::int64_t>::max();
+  const WebhookVerification result =
+      verifier.verify(id, std::to_string(largest), verifier.sign(id, largest, body), body);
+  EXPECT_EQ(rejection_of(result), WebhookRejection::future);
+}
+
+TEST(StandardWebhook, MalformedTimestampMessageCannotForgeLogLines) {
+  const WebhookVerification result =
+      verifier_at(signed_at).verify(id, "12\nINFO all good", signature, body);
+  EXPECT_EQ(rejection_of(result), WebhookRejection::malformed_timestamp);
+  EXPECT_EQ(result.message().find('\n'), std::string::npos);
+  EXPECT_NE(result.message().find("\\x0a"), std::string::npos) << result.message();
+}
+
+TEST(StandardWebhook, OneByteBodyChangeFails) {
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  for (std::size_t i = 0; i < body.size(); ++i) {
+    std::string changed(body);
+    changed[i] = static_cast<char>(changed[i] ^ 0x01);
+    EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, signature, changed)),
+              WebhookRejection::bad_signature)
+        << "byte " << i;
+  }
+  EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, signature, std::string(body) + " ")),
+            WebhookRejection::bad_signature);
+  EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, signature, body.substr(1))),
+            WebhookRejection::bad_signature);
+}
+
+TEST(StandardWebhook, SignatureIsBoundToIdAndTimestamp) {
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  EXPECT_EQ(rejection_of(verifier.verify("msg_other", timestamp, signature, body)),
+            WebhookRejection::bad_signature);
+  EXPECT_EQ(rejection_of(verifier.verify(id, "1614265331", signature, body)),
+            WebhookRejection::bad_signature);
+  // Same number, different text: the signed content is the header as sent.
+  EXPECT_EQ(rejection_of(verifier.verify(id, "01614265330", signature, body)),
+            WebhookRejection::bad_signature);
+}
+
+TEST(StandardWebhook, WrongSecretIsBadSignature) {
+  const StandardWebhookVerifier verifier("whsec_" + idemgate::detail::base64_encode("not it"),
+                                         clock_at(signed_at));
+  const WebhookVerification result = verifier.verify(id, timestamp, signature, body);
+  EXPECT_EQ(rejection_of(result), WebhookRejection::bad_signature);
+  EXPECT_NE(result.message().find("raw body"), std::string::npos) << result.message();
+}
+
+TEST(StandardWebhook, SignatureHeaderWithoutV1EntryIsBadSignature) {
+  const WebhookVerification result =
+      verifier_at(signed_at).verify(id, timestamp, "v0,abc v2,def", body);
+  EXPECT_EQ(rejection_of(result), WebhookRejection::bad_signature);
+  EXPECT_NE(result.message().find("no v1"), std::string::npos) << result.message();
+}
+
+TEST(StandardWebhook, TimestampExactlyAtToleranceInEitherDirectionPasses) {
+  EXPECT_TRUE(verify_signed_at_offset(-300).ok());
+  EXPECT_TRUE(verify_signed_at_offset(300).ok());
+  EXPECT_TRUE(verify_signed_at_offset(0).ok());
+}
+
+TEST(StandardWebhook, TimestampOneSecondPastToleranceFails) {
+  EXPECT_EQ(rejection_of(verify_signed_at_offset(-301)), WebhookRejection::stale);
+  EXPECT_EQ(rejection_of(verify_signed_at_offset(301)), WebhookRejection::future);
+}
+
+TEST(StandardWebhook, PublishedVectorIsStaleOrFutureFarFromItsTimestamp) {
+  const WebhookVerification stale =
+      verifier_at(signed_at + 3600).verify(id, timestamp, signature, body);
+  EXPECT_EQ(rejection_of(stale), WebhookRejection::stale);
+  EXPECT_NE(stale.message().find("3600 s old"), std::string::npos) << stale.message();
+  const WebhookVerification future =
+      verifier_at(signed_at - 3600).verify(id, timestamp, signature, body);
+  EXPECT_EQ(rejection_of(future), WebhookRejection::future);
+}
+
+TEST(StandardWebhook, ToleranceIsConfigurable) {
+  using std::chrono::seconds;
+  EXPECT_TRUE(verify_signed_at_offset(-10, seconds(10)).ok());
+  EXPECT_TRUE(verify_signed_at_offset(10, seconds(10)).ok());
+  EXPECT_EQ(rejection_of(verify_signed_at_offset(-11, seconds(10))), WebhookRejection::stale);
+  EXPECT_EQ(rejection_of(verify_signed_at_offset(11, seconds(10))), WebhookRejection::future);
+  EXPECT_TRUE(verify_signed_at_offset(0, seconds(0)).ok());
+  EXPECT_EQ(rejection_of(verify_signed_at_offset(-1, seconds(0))), WebhookRejection::stale);
+  EXPECT_TRUE(verify_signed_at_offset(-3600, seconds(3600)).ok());
+}
+
+TEST(StandardWebhook, NegativeToleranceIsRefusedAtConstruction) {
+  EXPECT_THROW(StandardWebhookVerifier(secret, clock_at(signed_at, std::chrono::seconds(-1))),
+               std::invalid_argument);
+}
+
+TEST(StandardWebhook, WindowHandlesExtremeClocksWithoutOverflow) {
+  const std::int64_t largest = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t smallest = std::numeric_limits<std::int64_t>::min();
+  const StandardWebhookVerifier behind(secret, clock_at(smallest));
+  EXPECT_EQ(rejection_of(
+                behind.verify(id, std::to_string(largest), behind.sign(id, largest, body), body)),
+            WebhookRejection::future);
+  const StandardWebhookVerifier ahead(secret, clock_at(largest));
+  EXPECT_EQ(rejection_of(ahead.verify(id, "0", ahead.sign(id, 0, body), body)),
+            WebhookRejection::stale);
+}
+
+TEST(StandardWebhook, ForgedAndStaleDeliveryIsBadSignatureNotStale) {
+  const WebhookVerification result =
+      verifier_at(signed_at + 3600).verify(id, timestamp, "v1,AAAA", body);
+  EXPECT_EQ(rejection_of(result), WebhookRejection::bad_signature);
+}
+
+TEST(StandardWebhook, DefaultClockIsTheSystemClock) {
+  const StandardWebhookVerifier verifier(secret);
+  const std::int64_t now = idemgate::system_unix_seconds();
+  EXPECT_TRUE(verifier.verify(id, std::to_string(now), verifier.sign(id, now, body), body).ok());
+  EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, signature, body)), WebhookRejection::stale);
+  EXPECT_EQ(verifier.window().tolerance(), std::chrono::seconds(300));
+}
+
+TEST(StandardWebhook, BodyIsRawBytesIncludingNulAndNonUtf8) {
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  const std::string raw("a\0b\xff\xfe", 5);
+  const std::string signed_raw = verifier.sign(id, signed_at, raw);
+  EXPECT_TRUE(verifier.verify(id, timestamp, signed_raw, raw).ok());
+  EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, signed_raw, "a")),
+            WebhookRejection::bad_signature);
+}
+
+TEST(StandardWebhook, UnusableSecretIsRefusedAtConstructionWithoutEchoingIt) {
+  for (const std::string_view unusable :
+       {"", "whsec_", "whsec_not*base64!", "whsec_abcde", "whsec_ab=c", "whsec_MfKQ 9r8G"}) {
+    try {
+      const StandardWebhookVerifier verifier(unusable);
+      ADD_FAILURE() << "accepted the secret \"" << unusable << "\"";
+    } catch (const std::invalid_argument& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("whsec_"), std::string::npos) << message;
+      if (unusable.size() > 6) {
+        EXPECT_EQ(message.find(unusable.substr(6)), std::string::npos) << message;
+      }
+    }
+  }
+}
+
+TEST(StandardWebhook, OneShotVerifyReportsUnusableSecret) {
+  const WebhookVerification result = idemgate::verify_standard_webhook(
+      "whsec_***", id, timestamp, signature, body, clock_at(signed_at));
+  EXPECT_EQ(rejection_of(result), WebhookRejection::unusable_secret);
+  EXPECT_FALSE(result.message().empty());
+
+  const std::map<std::string, std::string> headers{{"webhook-id", std::string(id)}};
+  EXPECT_EQ(rejection_of(idemgate::verify_standard_webhook("", headers, body)),
+            WebhookRejection::unusable_secret);
+  EXPECT_THROW((void)idemgate::sign_standard_webhook("", id, signed_at, body),
+               std::invalid_argument);
+}
+
+TEST(StandardWebhook, OneShotVerifyAcceptsTheSameDeliveries) {
+  EXPECT_TRUE(
+      idemgate::verify_standard_webhook(secret, id, timestamp, signature, body, clock_at(signed_at))
+          .ok());
+  const std::map<std::string, std::string> headers{{"Webhook-Id", std::string(id)},
+                                                   {"Webhook-Timestamp", std::string(timestamp)},
+                                                   {"Webhook-Signature", std::string(signature)}};
+  EXPECT_TRUE(idemgate::verify_standard_webhook(secret, headers, body, clock_at(signed_at)).ok());
+  EXPECT_EQ(rejection_of(idemgate::verify_standard_webhook(secret, headers, body,
+                                                           clock_at(signed_at + 301))),
+            WebhookRejection::stale);
+}
+
+TEST(StandardWebhook, SigningANegativeTimestampThrows) {
+  EXPECT_THROW((void)verifier_at(signed_at).sign(id, -1, body), std::invalid_argument);
+}
+
+TEST(WebhookVerification, RejectedResultHasNoIdentityAndVerifiedHasNoRejection) {
+  const WebhookVerification rejected =
+      WebhookVerification::rejected(WebhookRejection::stale, "too old");
+  EXPECT_FALSE(rejected);
+  EXPECT_THROW((void)rejected.id(), std::logic_error);
+  EXPECT_THROW((void)rejected.timestamp(), std::logic_error);
+  EXPECT_EQ(rejected.message(), "too old");
+
+  const WebhookVerification verified = WebhookVerification::verified("msg_1", 42);
+  EXPECT_TRUE(verified);
+  EXPECT_THROW((void)verified.rejection(), std::logic_error);
+}
+
+TEST(WebhookVerification, EveryRejectionHasItsOwnName) {
+  EXPECT_EQ(idemgate::to_string(WebhookRejection::missing_header), "missing_header");
+  EXPECT_EQ(idemgate::to_string(WebhookRejection::malformed_timestamp), "malformed_timestamp");
+  EXPECT_EQ(idemgate::to_string(WebhookRejection::stale), "stale");
+  EXPECT_EQ(idemgate::to_string(WebhookRejection::future), "future");
+  EXPECT_EQ(idemgate::to_string(WebhookRejection::bad_signature), "bad_signature");
+  EXPECT_EQ(idemgate::to_string(WebhookRejection::unusable_secret), "unusable_secret");
+}
+
+TEST(Base64, RoundTripsEveryLengthAndRejectsNonBase64) {
+  std::string bytes;
+  for (int i = 0; i < 40; ++i) {
+    const std::string encoded = idemgate::detail::base64_encode(bytes);
+    EXPECT_EQ(encoded.size() % 4, 0U);
+    EXPECT_EQ(idemgate::detail::base64_decode(encoded), bytes);
+    bytes += static_cast<char>(i * 37 + 200);
+  }
+  EXPECT_EQ(idemgate::detail::base64_encode("foobar"), "Zm9vYmFy");
+  EXPECT_EQ(idemgate::detail::base64_encode("fo"), "Zm8=");
+  EXPECT_EQ(idemgate::detail::base64_decode("Zm8"), "fo");
+  for (const std::string_view bad : {"Z", "Zm9vY", "Zm=8", "Zm8==", "Z===", "Zm-_", "Zm 8"})
+    EXPECT_FALSE(idemgate::detail::base64_decode(bad).has_value()) << bad;
+}
+
+TEST(StandardWebhook, LargeBodyIsSignedToItsLastByte) {
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  std::string large(1 << 20, 'x');
+  const std::string signed_large = verifier.sign(id, signed_at, large);
+  EXPECT_TRUE(verifier.verify(id, timestamp, signed_large, large).ok());
+  large.back() = 'y';
+  EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, signed_large, large)),
+            WebhookRejection::bad_signature);
+}
