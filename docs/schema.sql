@@ -11,8 +11,25 @@ CREATE TABLE IF NOT EXISTS idemgate_log (
   request     bytea       NOT NULL,
   result      bytea,
   reason      text,
+  duplicates  integer     NOT NULL DEFAULT 0,
   created_at  timestamptz NOT NULL DEFAULT now(),
   updated_at  timestamptz NOT NULL DEFAULT now(),
   CHECK (status <> 'committed' OR result IS NOT NULL)
 );
+-- Added in 0.1: logs created before it gain the column here.
+ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS duplicates integer NOT NULL DEFAULT 0;
+-- Stranded work: the reconciler's scan and the oldest in-flight row.
 CREATE INDEX IF NOT EXISTS idemgate_log_in_flight ON idemgate_log (lease_until) WHERE status = 'in_flight';
+-- The manual queue.
+CREATE INDEX IF NOT EXISTS idemgate_log_escalated ON idemgate_log (updated_at) WHERE status = 'escalated';
+-- Retention and the signals' window; BRIN stays tiny on an append-mostly column.
+CREATE INDEX IF NOT EXISTS idemgate_log_created ON idemgate_log USING brin (created_at);
+-- Downstream answers that differed from the stored one (healthy: empty).
+CREATE TABLE IF NOT EXISTS idemgate_log_mismatches (
+  key         bytea       NOT NULL,
+  stored      bytea       NOT NULL,
+  observed    bytea       NOT NULL,
+  source      text        NOT NULL,
+  at          timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS idemgate_log_mismatches_at ON idemgate_log_mismatches (at);

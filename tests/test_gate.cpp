@@ -115,9 +115,15 @@ TEST(Gate, TransientFailureReleasesTheKeyAndTheNextDeliverySucceeds) {
   EXPECT_EQ(first.status(), Status::retry);
   EXPECT_FALSE(first.should_ack());
   EXPECT_EQ(first.reason(), "503 Service Unavailable");
-  EXPECT_FALSE(store.find(key).has_value()) << "a transient failure must release the key";
+  const auto released = store.find(key);
+  ASSERT_TRUE(released.has_value());
+  EXPECT_EQ(released->status, RecordStatus::in_flight);
+  EXPECT_LT(released->lease_until, std::chrono::system_clock::now())
+      << "a transient failure must give the key back at once";
   auto second = gate.process(key, msku);
   EXPECT_EQ(second.status(), Status::processed);
+  EXPECT_TRUE(second.took_over());
+  EXPECT_EQ(store.find(key)->fence, 2) << "the next holder has a higher fence";
   EXPECT_EQ(terminal.slots_issued(), 1);
   EXPECT_EQ(bookings.size(), 1u);
 }
@@ -134,7 +140,7 @@ TEST(Gate, DownstreamExceptionIsTransient) {
   auto result = gate.process(key, msku);
   EXPECT_EQ(result.status(), Status::retry);
   EXPECT_NE(result.reason().find("connection reset"), std::string::npos);
-  EXPECT_FALSE(store.find(key).has_value());
+  EXPECT_LT(store.find(key)->lease_until, std::chrono::system_clock::now());
 }
 
 TEST(Gate, PermanentFailureIsStoredAndEveryDuplicateGetsIt) {

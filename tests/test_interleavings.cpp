@@ -210,7 +210,7 @@ TEST(Interleavings, SchedulesOnPostgresKeepEveryInvariant) {
   ASSERT_FALSE(uri.empty());
   const std::string log = idemgate::test::unique_table("log");
   const std::string bookings = idemgate::test::unique_table("book");
-  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
   idemgate::test::pg_exec("CREATE TABLE " + bookings +
                           " (id bigserial PRIMARY KEY, source_event bytea NOT NULL, slot_id text)");
   idemgate::PostgresStore(uri, {.table = log}).migrate();
@@ -223,5 +223,5 @@ TEST(Interleavings, SchedulesOnPostgresKeepEveryInvariant) {
     ++ran;
   }
   EXPECT_GE(ran, 1);
-  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
 }

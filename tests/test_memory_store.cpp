@@ -46,13 +46,31 @@ TEST(MemoryStore, RepeatedCommitUnderTheSameFenceWritesOnce) {
   EXPECT_EQ(store.find(key)->result, "slot-1");
 }
 
-TEST(MemoryStore, ReleaseNeedsTheCurrentFence) {
+TEST(MemoryStore, ReleaseNeedsTheCurrentFenceAndKeepsFencesMonotonic) {
   MemoryStore store;
   const auto r = store.reserve(key, fingerprint, "request", 1min);
   EXPECT_FALSE(store.release(key, r.fence + 1));
-  EXPECT_TRUE(store.find(key).has_value());
+  EXPECT_EQ(store.reserve(key, fingerprint, "request", 1min).kind, Reservation::Kind::existing)
+      << "a wrong fence releases nothing";
   EXPECT_TRUE(store.release(key, r.fence));
-  EXPECT_FALSE(store.find(key).has_value());
+  const auto next = store.reserve(key, fingerprint, "request", 1min);
+  EXPECT_EQ(next.kind, Reservation::Kind::taken_over);
+  EXPECT_EQ(next.fence, r.fence + 1);
+  auto noop = [](MemoryStore::transaction&) {};
+  EXPECT_EQ(store.commit(key, r.fence, "slot", noop), CommitStatus::lost_lease)
+      << "the worker that released can never commit";
+}
+
+TEST(MemoryStore, RepeatedFailOrEscalateUnderTheSameFenceGivesTheSameAnswer) {
+  MemoryStore store;
+  const auto r = store.reserve(key, fingerprint, "request", 1min);
+  EXPECT_EQ(store.fail(key, r.fence, "422"), CommitStatus::committed);
+  EXPECT_EQ(store.fail(key, r.fence, "422"), CommitStatus::committed);
+  EXPECT_EQ(store.fail(key, r.fence + 1, "422"), CommitStatus::lost_lease);
+  const auto other = idemgate::derive_key("test", "escalate");
+  const auto e = store.reserve(other, fingerprint, "request", 1min);
+  EXPECT_EQ(store.escalate(other, e.fence, "no keys"), CommitStatus::committed);
+  EXPECT_EQ(store.escalate(other, e.fence, "no keys"), CommitStatus::committed);
 }
 
 TEST(MemoryStore, StaleRowsAreTakenOverOnceWithAFenceBump) {

@@ -40,13 +40,14 @@ class PostgresGate : public ::testing::Test {
     ASSERT_FALSE(uri.empty());
     log = idemgate::test::unique_table("log");
     bookings = idemgate::test::unique_table("bookings");
-    pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+    pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
     pg_exec("CREATE TABLE " + bookings +
             " (id bigserial PRIMARY KEY, container text NOT NULL, slot_id text NOT NULL,"
             " source_event bytea NOT NULL)");
   }
   void TearDown() override {
-    if (!uri.empty()) pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+    if (!uri.empty())
+      pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
   }
 
   std::unique_ptr<PostgresStore> make_store(std::size_t pool = 1, int commit_attempts = 3) {
@@ -96,7 +97,7 @@ TEST_F(PostgresGate, MigrateIsIdempotentAndMatchesTheShippedSchema) {
   auto store = make_store();
   store->migrate();
   store->migrate();
-  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 2);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 4);
   std::ifstream shipped(std::string(IDEMGATE_SOURCE_DIR) + "/docs/schema.sql");
   ASSERT_TRUE(shipped) << "docs/schema.sql is missing";
   std::stringstream text;
@@ -258,8 +259,11 @@ TEST_F(PostgresGate, TransientFailureReleasesAndNextDeliverySucceedsWithOneSlot)
   Gate gate{*store, terminal, booking_writer()};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-503", msku.container);
   EXPECT_EQ(gate.process(key, msku).status(), Status::retry);
-  EXPECT_FALSE(store->find(key).has_value());
-  EXPECT_EQ(gate.process(key, msku).status(), Status::processed);
+  EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight);
+  const auto next = gate.process(key, msku);
+  EXPECT_EQ(next.status(), Status::processed);
+  EXPECT_TRUE(next.took_over()) << "the released key is taken over at once";
+  EXPECT_EQ(store->find(key)->fence, 2);
   EXPECT_EQ(gate.process(key, msku).status(), Status::duplicate);
   EXPECT_EQ(terminal.slots_issued(), 1);
   EXPECT_EQ(booking_count(), 1);
@@ -381,6 +385,31 @@ TEST_F(PostgresGate, StaleWorkerCannotCommitAfterTakeover) {
   EXPECT_EQ(booking_count(), 1);
   EXPECT_EQ(store->find(key)->fence, 2);
   expect_no_half_state();
+}
+
+TEST_F(PostgresGate, StaleFenceCommitOnAPoolOfOneAnswersAtOnce) {
+  auto store = std::make_unique<PostgresStore>(
+      uri, idemgate::PostgresOptions{.table = log, .pool_size = 1, .checkout_timeout = 2s});
+  store->migrate();
+  const Key key = idemgate::derive_key("pool", "one");
+  const auto fingerprint = idemgate::detail::sha256("r");
+  const auto first = store->reserve(key, fingerprint, "r", 1min);
+  auto none = [](pqxx::work&) {};
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(store->commit(key, first.fence + 1, "slot", none), idemgate::CommitStatus::lost_lease);
+  EXPECT_EQ(store->commit(key, first.fence, "slot", none), idemgate::CommitStatus::committed);
+  EXPECT_EQ(store->commit(key, first.fence, "slot", none), idemgate::CommitStatus::committed)
+      << "a repeated commit under the same fence is the same answer";
+  EXPECT_EQ(store->fail(key, first.fence + 1, "x"), idemgate::CommitStatus::lost_lease);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1s) << "no wait for a second connection";
+}
+
+TEST_F(PostgresGate, HugeLimitsMeanNoLimit) {
+  auto store = make_store();
+  EXPECT_NO_THROW((void)store->escalated(SIZE_MAX));
+  EXPECT_NO_THROW((void)store->take_stale(SIZE_MAX, 0ms, 1min));
+  EXPECT_NO_THROW((void)store->mismatches(SIZE_MAX));
+  EXPECT_NO_THROW((void)store->purge(1h, SIZE_MAX));
 }
 
 TEST(PostgresStore, BadConnectionStringIsAClearErrorWithoutThePassword) {

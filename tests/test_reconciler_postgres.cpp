@@ -97,8 +97,8 @@ class PostgresFaults : public ::testing::Test {
   }
   void TearDown() override {
     if (!uri.empty())
-      pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings + ", " + terminal + ", " + terminal +
-              "_answers");
+      pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings + ", " +
+              terminal + ", " + terminal + "_answers");
   }
   std::string uri, log, bookings, terminal;
 };

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
@@ -35,6 +36,7 @@ using idemgate::SqliteOptions;
 using idemgate::SqliteStore;
 using idemgate::SqliteTransaction;
 using idemgate::StoreError;
+using idemgate::StoreSignals;
 using idemgate::test::SlotRequest;
 namespace sq = idemgate::detail::sqlite;
 using namespace std::chrono_literals;
@@ -85,6 +87,43 @@ std::string text(sqlite3* db, const std::string& sql) {
 
 const auto fingerprint = idemgate::detail::sha256("request");
 
+/// The detail lines of SQLite's plan for `sql` (its parameters unbound, so NULL).
+std::vector<std::string> plan(sqlite3* db, const std::string& sql) {
+  sq::Statement statement(db, "EXPLAIN QUERY PLAN " + sql, "explaining");
+  statement.bind("explaining");
+  std::vector<std::string> lines;
+  while (statement.step("explaining")) lines.push_back(statement.bytes(3));
+  return lines;
+}
+
+/// Whether a plan reads `table` row by row from start to end (no index narrows it).
+bool scans_whole(const std::vector<std::string>& lines, const std::string& table) {
+  for (const std::string& line : lines)
+    if (line == "SCAN " + table) return true;
+  return false;
+}
+
+/// Transactions committed to a WAL file since its last reset: frames whose header carries the
+/// WAL's salts and a non-zero database size (what marks a commit frame).
+int wal_commits(const std::string& wal_path) {
+  std::ifstream in(wal_path, std::ios::binary);
+  const std::string wal{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const auto u32 = [&](std::size_t at) {
+    return static_cast<std::uint32_t>(static_cast<unsigned char>(wal[at])) << 24 |
+           static_cast<std::uint32_t>(static_cast<unsigned char>(wal[at + 1])) << 16 |
+           static_cast<std::uint32_t>(static_cast<unsigned char>(wal[at + 2])) << 8 |
+           static_cast<std::uint32_t>(static_cast<unsigned char>(wal[at + 3]));
+  };
+  if (wal.size() < 32) return 0;
+  const std::size_t frame = 24 + u32(8);
+  int commits = 0;
+  for (std::size_t at = 32; at + frame <= wal.size(); at += frame) {
+    if (u32(at + 8) != u32(16) || u32(at + 12) != u32(20)) break;
+    if (u32(at + 4) != 0) ++commits;
+  }
+  return commits;
+}
+
 Reservation reserve(SqliteStore& store, const Key& key, std::chrono::milliseconds lease = 1min) {
   return store.reserve(key, fingerprint, "request", lease);
 }
@@ -128,7 +167,10 @@ class SharedTerminal {
   }
 
   idemgate::ClaimResult<std::string> claim(const SlotRequest& request, const Key& key) {
+    // One write transaction per call: processes queue for the lock instead of failing.
+    sq::exec(db_.get(), "BEGIN IMMEDIATE");
     sq::exec(db_.get(), "INSERT INTO calls (key) VALUES (?)", key);
+    sq::exec(db_.get(), "COMMIT");
     return "slot-" + request.container;
   }
 
@@ -458,6 +500,82 @@ TEST(SqliteStore, MigrateIsIdempotentAndTheSchemaRefusesMalformedRows) {
             std::string::npos);
 }
 
+TEST(SqliteStore, MigrateCreatesTheMismatchTableAndTheIndexesTheSignalsAndPurgeUse) {
+  Fixture f;
+  auto raw = open_raw(f.db);
+  for (const char* index : {"idemgate_log_in_flight", "idemgate_log_escalated",
+                            "idemgate_log_created", "idemgate_log_mismatches_at"})
+    EXPECT_EQ(sq::query_int(raw.get(),
+                            "SELECT count(*) FROM sqlite_master WHERE type = 'index' "
+                            "AND name = ?",
+                            std::string(index)),
+              1)
+        << index;
+  EXPECT_EQ(sq::query_int(raw.get(),
+                          "SELECT count(*) FROM sqlite_master WHERE name = 'idemgate_log_escalated'"
+                          " AND sql LIKE '%WHERE status = ''escalated''%'"),
+            1)
+      << "the escalated index holds only escalated rows";
+  // The shapes of the store's reads: each is narrowed by an index, never a walk over the log.
+  const std::vector<std::string> reads = {
+      "SELECT count(*), sum(duplicates) FROM idemgate_log WHERE created_at >= ?1",
+      "SELECT count(*), min(created_at) FROM idemgate_log WHERE status = 'in_flight'",
+      "SELECT count(*) FROM idemgate_log WHERE status = 'escalated'",
+      "SELECT count(DISTINCT key) FROM idemgate_log_mismatches WHERE at >= ?1",
+      "DELETE FROM idemgate_log WHERE key IN (SELECT key FROM idemgate_log WHERE created_at < ?1 "
+      "AND status IN ('committed', 'failed') LIMIT ?2)"};
+  for (const std::string& sql : reads) {
+    const auto lines = plan(raw.get(), sql);
+    EXPECT_FALSE(scans_whole(lines, "idemgate_log")) << sql;
+    EXPECT_FALSE(scans_whole(lines, "idemgate_log_mismatches")) << sql;
+  }
+}
+
+TEST(SqliteStore, MigrateUpgradesALogWithoutTheDuplicatesColumn) {
+  TempDir dir;
+  const std::string path = dir.file("old.db");
+  const Key old = idemgate::derive_key("upgrade", "old");
+  {
+    // The log as the previous version created it, with one committed event.
+    auto raw = open_raw(path);
+    sq::exec(raw.get(),
+             "CREATE TABLE idemgate_log (key BLOB NOT NULL PRIMARY KEY CHECK (typeof(key) = "
+             "'blob' AND length(key) = 32), status TEXT NOT NULL CHECK (status IN ('in_flight', "
+             "'committed', 'failed', 'escalated')), fence INTEGER NOT NULL DEFAULT 1 CHECK "
+             "(fence > 0), lease_until INTEGER NOT NULL, fingerprint BLOB NOT NULL CHECK "
+             "(typeof(fingerprint) = 'blob' AND length(fingerprint) = 32), request BLOB NOT "
+             "NULL, result BLOB, reason TEXT, created_at INTEGER NOT NULL, updated_at INTEGER "
+             "NOT NULL, CHECK (status <> 'committed' OR result IS NOT NULL))");
+    sq::exec(raw.get(),
+             "CREATE INDEX idemgate_log_in_flight ON idemgate_log (lease_until) WHERE status = "
+             "'in_flight'");
+    const auto now = sq::to_micros(std::chrono::system_clock::now());
+    sq::exec(raw.get(),
+             "INSERT INTO idemgate_log (key, status, fence, lease_until, fingerprint, request, "
+             "result, created_at, updated_at) VALUES (?, 'committed', 1, ?, ?, 'request', "
+             "'slot-1', ?, ?)",
+             old, now,
+             idemgate::SqliteBlob{std::string_view(
+                 reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size())},
+             now, now);
+  }
+  SqliteStore store(path);
+  store.migrate();
+  store.migrate();
+  EXPECT_EQ(store.find(old)->duplicates, 0);
+  const Reservation again = reserve(store, old);
+  EXPECT_EQ(again.status, RecordStatus::committed);
+  EXPECT_EQ(again.result, "slot-1");
+  EXPECT_EQ(store.find(old)->duplicates, 1);
+  store.record_mismatch(old, "slot-1", "slot-2", "lost_lease");
+  const StoreSignals s = store.signals(std::chrono::hours(1));
+  EXPECT_EQ(s.events, 2);
+  EXPECT_EQ(s.duplicates, 1);
+  EXPECT_EQ(s.mismatched_keys, 1);
+  EXPECT_EQ(count(path, "SELECT count(*) FROM sqlite_master WHERE name = 'idemgate_log_created'"),
+            1);
+}
+
 TEST(SqliteStore, OutcomesSurviveClosingAndReopening) {
   TempDir dir;
   const std::string path = dir.file("durable.db");
@@ -557,4 +675,141 @@ TEST(SqliteStore, GateBooksOnceAndAnswersDuplicatesFromTheLog) {
   EXPECT_EQ(again.outcome(), first.outcome());
   EXPECT_EQ(terminal.calls(), 1);
   EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 1);
+}
+
+TEST(SqliteStore, ReleaseEndsTheLeaseAtTheSmallestTimeAndTheNextDeliveryTakesOver) {
+  Fixture f;
+  idemgate::test::FakeTerminal<> terminal;
+  int failures = 1;
+  terminal.before = [&](const SlotRequest&,
+                        const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (failures-- > 0) return idemgate::TransientFailure{"503 from the terminal"};
+    return std::nullopt;
+  };
+  Gate gate{f.store, terminal, book};
+  const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-503", msku.container);
+  EXPECT_EQ(gate.process(key, msku).status(), idemgate::Status::retry);
+  const auto released = f.store.find(key);
+  ASSERT_TRUE(released.has_value()) << "a released row stays";
+  EXPECT_EQ(released->status, RecordStatus::in_flight);
+  EXPECT_EQ(released->lease_until, std::chrono::system_clock::time_point::min())
+      << "the stored minimum reads back as the earliest time, without overflowing";
+  EXPECT_EQ(count(f.db, "SELECT lease_until FROM idemgate_log"),
+            std::numeric_limits<std::int64_t>::min());
+  const auto next = gate.process(key, msku);
+  EXPECT_EQ(next.status(), idemgate::Status::processed);
+  EXPECT_TRUE(next.took_over());
+  EXPECT_EQ(f.store.find(key)->fence, 2);
+  EXPECT_EQ(gate.process(key, msku).status(), idemgate::Status::duplicate);
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 1);
+}
+
+TEST(SqliteStore, ProcessesHammeringOneKeyCountEveryReservationButTheFirstAsADuplicate) {
+  Fixture f;
+  const Key key = idemgate::derive_key("hammer", "1");
+  constexpr int children = 4, per_child = 40;
+  std::vector<pid_t> pids;
+  for (int c = 0; c < children; ++c) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0) << "fork failed";
+    if (pid == 0) {
+      int code = 0;
+      try {
+        SqliteStore store(f.db, {.busy_timeout = 20s});
+        int acquired = 0;
+        for (int i = 0; i < per_child; ++i) {
+          const Reservation r = reserve(store, key);
+          if (r.kind == Reservation::Kind::acquired)
+            ++acquired;
+          else if (r.kind != Reservation::Kind::existing || r.fence != 1)
+            code = 3;
+        }
+        if (code == 0) code = acquired == 0 ? 0 : acquired == 1 ? 1 : 3;
+      } catch (...) {
+        code = 2;
+      }
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  int acquired = 0;
+  for (const pid_t pid : pids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    const int code = WEXITSTATUS(status);
+    EXPECT_LE(code, 1) << "2: a child threw; 3: a wrong reservation";
+    if (code == 1) ++acquired;
+  }
+  EXPECT_EQ(acquired, 1) << "one process acquired the key";
+  EXPECT_EQ(f.store.find(key)->duplicates, children * per_child - 1)
+      << "no reservation went uncounted, none was counted twice";
+  const StoreSignals s = f.store.signals(std::chrono::hours(1));
+  EXPECT_EQ(s.events, children * per_child);
+  EXPECT_EQ(s.duplicates, children * per_child - 1);
+}
+
+TEST(SqliteStore, PurgeCommitsEachBatchOnItsOwn) {
+  Fixture f;
+  for (int i = 0; i < 23; ++i) {
+    const Key key = idemgate::derive_key("purge", std::to_string(i));
+    const Reservation r = reserve(f.store, key);
+    ASSERT_EQ(f.store.commit(key, r.fence, "slot", [](SqliteTransaction&) {}),
+              CommitStatus::committed);
+  }
+  const int before = wal_commits(f.db + "-wal");
+  ASSERT_GT(before, 23) << "the WAL holds every transaction so far (no checkpoint yet)";
+  EXPECT_EQ(f.store.purge(0s, 10), 23u);
+  EXPECT_EQ(wal_commits(f.db + "-wal") - before, 3) << "10 + 10 + 3 rows: three transactions";
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM idemgate_log"), 0);
+}
+
+TEST(SqliteStore, PurgeFromAnotherConnectionNeverRemovesAnInFlightRow) {
+  Fixture f;
+  constexpr int workers = 3, per_worker = 30;
+  std::vector<std::vector<Key>> flying(workers), finished(workers);
+  std::atomic<bool> done{false};
+  std::atomic<std::size_t> purged{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w)
+    threads.emplace_back([&, w] {
+      try {
+        SqliteStore own(f.db, {.busy_timeout = 20s});
+        for (int i = 0; i < per_worker; ++i) {
+          const Key key = idemgate::derive_key("traffic", std::to_string(w), std::to_string(i));
+          const Reservation r = reserve(own, key);
+          if (i % 3 == 2) {
+            flying[w].push_back(key);
+            continue;
+          }
+          if (own.commit(key, r.fence, "slot", [](SqliteTransaction&) {}) !=
+              CommitStatus::committed)
+            ++errors;
+          finished[w].push_back(key);
+        }
+      } catch (...) {
+        ++errors;
+      }
+    });
+  std::thread purger([&] {
+    try {
+      SqliteStore own(f.db, {.busy_timeout = 20s});
+      while (!done.load()) purged += own.purge(0s, 2);
+    } catch (...) {
+      ++errors;
+    }
+  });
+  for (auto& t : threads) t.join();
+  done = true;
+  purger.join();
+  purged += f.store.purge(0s, 100);
+  EXPECT_EQ(errors.load(), 0);
+  for (int w = 0; w < workers; ++w) {
+    for (const Key& key : flying[w]) EXPECT_EQ(f.store.find(key)->status, RecordStatus::in_flight);
+    for (const Key& key : finished[w]) EXPECT_FALSE(f.store.find(key).has_value());
+  }
+  EXPECT_EQ(purged.load(), static_cast<std::size_t>(workers * per_worker * 2 / 3));
 }

@@ -8,6 +8,7 @@
 #include "support/slot_request.hpp"
 
 #include <idemgate/gate.hpp>
+#include <idemgate/signals.hpp>
 #include <idemgate/store/memory.hpp>
 #include <idemgate/store/postgres.hpp>
 #include <idemgate/store/sqlite.hpp>
@@ -31,9 +32,11 @@
 
 using idemgate::CommitStatus;
 using idemgate::Key;
+using idemgate::Mismatch;
 using idemgate::Record;
 using idemgate::RecordStatus;
 using idemgate::Reservation;
+using idemgate::StoreSignals;
 using idemgate::Stranded;
 using namespace std::chrono_literals;
 
@@ -147,7 +150,7 @@ struct SqliteTraits {
 };
 
 /// PostgresStore: unique tables on the server in IDEMGATE_TEST_PG (the suite fails without it);
-/// time passes by moving the stored timestamps back.
+/// time passes by moving the stored timestamps back (the log's and the mismatches').
 struct PostgresTraits {
   using Store = idemgate::PostgresStore;
 
@@ -157,7 +160,7 @@ struct PostgresTraits {
     ASSERT_FALSE(uri.empty()) << "the conformance suite needs PostgreSQL: set IDEMGATE_TEST_PG";
     log = t::unique_table("clog");
     bookings = t::unique_table("cbiz");
-    t::pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+    t::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
     t::pg_exec("CREATE TABLE " + bookings +
                " (id bigserial PRIMARY KEY, source_event bytea NOT NULL, note text NOT NULL)");
     // Eight connections: the concurrency tests run eight threads that really race.
@@ -167,7 +170,9 @@ struct PostgresTraits {
   }
   void tear_down() {
     store.reset();
-    if (!uri.empty()) idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + bookings);
+    if (!uri.empty())
+      idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " +
+                              bookings);
   }
 
   void write_business(Store::transaction& tx, const Key& key) {
@@ -190,6 +195,7 @@ struct PostgresTraits {
     idemgate::test::pg_exec("UPDATE " + log + " SET lease_until = lease_until - " + shift +
                             ", updated_at = updated_at - " + shift +
                             ", created_at = created_at - " + shift);
+    idemgate::test::pg_exec("UPDATE " + log + "_mismatches SET at = at - " + shift);
   }
 
   std::string uri, log, bookings;
@@ -201,6 +207,15 @@ struct PostgresTraits {
 // ---------------------------------------------------------------------------------------------
 
 namespace {
+
+Key key_of(const std::string& name) {
+  return idemgate::derive_key("conformance", name);
+}
+
+/// The `i`-th key of a batch called `name`.
+Key key_of(const std::string& name, int i) {
+  return idemgate::derive_key("conformance", name, std::to_string(i));
+}
 
 template <class Traits>
 class StoreConformance : public ::testing::Test {
@@ -228,15 +243,39 @@ class StoreConformance : public ::testing::Test {
     return row->status;
   }
 
+  /// Reserves `distinct` new keys, then the first `repeated` of them once more (a redelivery
+  /// while the first is still in flight).
+  void traffic(const std::string& name, int distinct, int repeated) {
+    for (int i = 0; i < distinct; ++i)
+      ASSERT_EQ(reserve(key_of(name, i)).kind, Reservation::Kind::acquired) << name << i;
+    for (int i = 0; i < repeated; ++i)
+      ASSERT_EQ(reserve(key_of(name, i)).kind, Reservation::Kind::existing) << name << i;
+  }
+
+  /// Reserves `key` and settles it as `status` (in flight: left as reserved).
+  void settled(const Key& key, RecordStatus status) {
+    const Reservation r = reserve(key);
+    ASSERT_EQ(r.kind, Reservation::Kind::acquired);
+    switch (status) {
+      case RecordStatus::in_flight:
+        break;
+      case RecordStatus::committed:
+        ASSERT_EQ(store().commit(key, r.fence, "slot", writer(key)), CommitStatus::committed);
+        break;
+      case RecordStatus::failed:
+        ASSERT_EQ(store().fail(key, r.fence, "422"), CommitStatus::committed);
+        break;
+      case RecordStatus::escalated:
+        ASSERT_EQ(store().escalate(key, r.fence, "no key support"), CommitStatus::committed);
+        break;
+    }
+  }
+
   Traits traits_;
 };
 
 using Stores = ::testing::Types<MemoryTraits, SqliteTraits, PostgresTraits>;
 TYPED_TEST_SUITE(StoreConformance, Stores);
-
-Key key_of(const std::string& name) {
-  return idemgate::derive_key("conformance", name);
-}
 
 }  // namespace
 
@@ -400,22 +439,78 @@ TYPED_TEST(StoreConformance, EscalateIsFencedAndTheNextReservationSeesTheReason)
   EXPECT_EQ(this->traits_.business_rows(), 0);
 }
 
-TYPED_TEST(StoreConformance, ReleaseNeedsTheCurrentFenceAndFreesTheKey) {
+TYPED_TEST(StoreConformance, ReleaseNeedsTheCurrentFenceAndKeepsTheRowInFlight) {
   const Key key = key_of("release");
   const Reservation r = this->reserve(key);
   EXPECT_FALSE(this->store().release(key, r.fence + 1));
-  EXPECT_TRUE(this->store().find(key).has_value());
+  EXPECT_EQ(this->reserve(key).kind, Reservation::Kind::existing)
+      << "a wrong fence leaves the lease live";
   EXPECT_TRUE(this->store().release(key, r.fence));
-  EXPECT_FALSE(this->store().find(key).has_value());
-  EXPECT_FALSE(this->store().release(key, r.fence)) << "a second release finds nothing";
-  EXPECT_EQ(this->store().commit(key, r.fence, "slot", this->writer(key)), CommitStatus::lost_lease)
-      << "a released key cannot be committed";
-  const Reservation next = this->reserve(key);
-  EXPECT_EQ(next.kind, Reservation::Kind::acquired);
+  const auto row = this->store().find(key);
+  ASSERT_TRUE(row.has_value()) << "a released row stays";
+  EXPECT_EQ(row->status, RecordStatus::in_flight);
+  EXPECT_EQ(row->fence, r.fence);
+  EXPECT_LT(row->lease_until, row->updated_at) << "its lease ended when it was released";
+  EXPECT_LT(row->lease_until, row->created_at);
+  EXPECT_TRUE(this->store().release(key, r.fence)) << "releasing again under the fence is harmless";
+  EXPECT_FALSE(this->store().release(key_of("never reserved"), 1));
+}
+
+TYPED_TEST(StoreConformance, ReleasedKeyIsTakenOverAtOnceWithTheNextFence) {
+  const Key key = key_of("release-takeover");
+  const Reservation r = this->reserve(key, "request", 1h);
+  ASSERT_TRUE(this->store().release(key, r.fence));
+  const Reservation next = this->reserve(key, "request", 1h);
+  EXPECT_EQ(next.kind, Reservation::Kind::taken_over) << "no wait for the old lease";
+  EXPECT_EQ(next.fence, r.fence + 1) << "fences stay monotonic per key";
+  EXPECT_EQ(this->reserve(key, "request", 1h).kind, Reservation::Kind::existing)
+      << "the new holder's lease is live";
+  EXPECT_FALSE(this->store().release(key, r.fence)) << "the old fence releases nothing";
+  EXPECT_EQ(this->store().commit(key, r.fence, "slot-old", this->writer(key)),
+            CommitStatus::lost_lease)
+      << "the worker that released can never commit";
+  EXPECT_EQ(this->store().fail(key, r.fence, "old"), CommitStatus::lost_lease);
+  EXPECT_EQ(this->traits_.business_rows(), 0);
   ASSERT_EQ(this->store().commit(key, next.fence, "slot", this->writer(key)),
             CommitStatus::committed);
   EXPECT_FALSE(this->store().release(key, next.fence)) << "a committed row is never released";
   EXPECT_EQ(this->status_of(key), RecordStatus::committed);
+  EXPECT_EQ(this->traits_.business_rows_for(key), 1);
+}
+
+TYPED_TEST(StoreConformance, ReleasedRowThatNoDeliveryReclaimsIsLeftToTheReconciler) {
+  const Key key = key_of("release-stale");
+  const Reservation r = this->reserve(key, "request", 1h);
+  ASSERT_TRUE(this->store().release(key, r.fence));
+  EXPECT_TRUE(this->store().take_stale(10, 1min, 1min).empty())
+      << "a release is a change: not stale yet";
+  this->traits_.advance(2min);
+  const std::vector<Stranded> taken = this->store().take_stale(10, 1min, 1min);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].key, key);
+  EXPECT_EQ(taken[0].fence, r.fence + 1);
+  EXPECT_EQ(taken[0].request, "request");
+  EXPECT_EQ(this->store().commit(key, r.fence, "slot-old", this->writer(key)),
+            CommitStatus::lost_lease);
+  EXPECT_EQ(this->store().commit(key, taken[0].fence, "slot", this->writer(key)),
+            CommitStatus::committed);
+  EXPECT_EQ(this->traits_.business_rows_for(key), 1);
+}
+
+TYPED_TEST(StoreConformance, RepeatedFailOrEscalateUnderTheSameFenceIsCommitted) {
+  const Key failed = key_of("repeat-fail"), parked = key_of("repeat-escalate");
+  const Reservation f = this->reserve(failed);
+  const Reservation p = this->reserve(parked);
+  ASSERT_EQ(this->store().fail(failed, f.fence, "422"), CommitStatus::committed);
+  EXPECT_EQ(this->store().fail(failed, f.fence, "422"), CommitStatus::committed);
+  EXPECT_EQ(this->store().fail(failed, f.fence + 1, "422"), CommitStatus::lost_lease);
+  EXPECT_EQ(this->store().escalate(failed, f.fence, "x"), CommitStatus::lost_lease)
+      << "the same fence, but another status";
+  ASSERT_EQ(this->store().escalate(parked, p.fence, "no key"), CommitStatus::committed);
+  EXPECT_EQ(this->store().escalate(parked, p.fence, "no key"), CommitStatus::committed);
+  EXPECT_EQ(this->store().fail(parked, p.fence, "x"), CommitStatus::lost_lease);
+  EXPECT_EQ(this->store().find(failed)->reason, "422");
+  EXPECT_EQ(this->status_of(parked), RecordStatus::escalated);
 }
 
 TYPED_TEST(StoreConformance, ExpiredLeaseIsTakenOverWithTheNextFenceLiveLeaseIsNot) {
@@ -562,6 +657,328 @@ TYPED_TEST(StoreConformance, EightThreadsReservingOneKeyHaveExactlyOneWinner) {
     EXPECT_EQ(this->store().find(key)->fence, 1);
   }
 }
+
+// --- signals ---------------------------------------------------------------------------------
+
+TYPED_TEST(StoreConformance, SignalsOfAnEmptyStoreAreZeroAndHealthy) {
+  const StoreSignals s = this->store().signals(1h);
+  EXPECT_EQ(s.window, 1h);
+  EXPECT_EQ(s.events, 0);
+  EXPECT_EQ(s.duplicates, 0);
+  EXPECT_EQ(s.in_flight, 0);
+  EXPECT_FALSE(s.oldest_in_flight.has_value());
+  EXPECT_EQ(s.escalated, 0);
+  EXPECT_EQ(s.mismatched_keys, 0);
+  EXPECT_EQ(s.mismatches_total, 0);
+  EXPECT_TRUE(idemgate::evaluate(s).healthy());
+  EXPECT_TRUE(this->store().mismatches(10).empty());
+}
+
+TYPED_TEST(StoreConformance, EveryReservationThatMeetsAnExistingKeyIsCountedOnItsRow) {
+  const Key key = key_of("counted");
+  ASSERT_EQ(this->reserve(key, "request", 10s).kind, Reservation::Kind::acquired);
+  EXPECT_EQ(this->store().find(key)->duplicates, 0);
+  EXPECT_EQ(this->reserve(key, "request", 10s).kind, Reservation::Kind::existing);
+  EXPECT_EQ(this->store().find(key)->duplicates, 1) << "in flight under a live lease";
+  EXPECT_FALSE(this->reserve(key, "another request", 10s).same_request);
+  EXPECT_EQ(this->store().find(key)->duplicates, 2) << "a conflicting request";
+  this->traits_.advance(11s);
+  const Reservation taken = this->reserve(key, "request", 10s);
+  ASSERT_EQ(taken.kind, Reservation::Kind::taken_over);
+  EXPECT_EQ(this->store().find(key)->duplicates, 3) << "a takeover";
+  ASSERT_EQ(this->store().commit(key, taken.fence, "slot", this->writer(key)),
+            CommitStatus::committed);
+  EXPECT_EQ(this->reserve(key, "request", 10s).status, RecordStatus::committed);
+  EXPECT_EQ(this->store().find(key)->duplicates, 4) << "a duplicate of a committed event";
+  EXPECT_EQ(this->store().find(key)->fence, taken.fence) << "counting never moves the fence";
+  const StoreSignals s = this->store().signals(1h);
+  EXPECT_EQ(s.events, 5);
+  EXPECT_EQ(s.duplicates, 4);
+}
+
+TYPED_TEST(StoreConformance, SignalsWithoutOneDuplicateInAHundredEventsSuspectTheKeyDerivation) {
+  ASSERT_NO_FATAL_FAILURE(this->traffic("zero", 100, 0));
+  const StoreSignals s = this->store().signals(1h);
+  EXPECT_EQ(s.events, 100);
+  EXPECT_EQ(s.duplicates, 0);
+  EXPECT_EQ(s.duplicate_ratio(), 0.0);
+  EXPECT_EQ(s.in_flight, 100);
+  const idemgate::Health h = idemgate::evaluate(s);
+  EXPECT_TRUE(h.key_derivation_suspect);
+  EXPECT_FALSE(h.upstream_misbehaving);
+  EXPECT_FALSE(h.stranded_work);
+}
+
+TYPED_TEST(StoreConformance, SignalsWithTwoPercentDuplicatesAreHealthy) {
+  ASSERT_NO_FATAL_FAILURE(this->traffic("normal", 98, 2));
+  const StoreSignals s = this->store().signals(1h);
+  EXPECT_EQ(s.events, 100);
+  EXPECT_EQ(s.duplicates, 2);
+  EXPECT_DOUBLE_EQ(s.duplicate_ratio(), 0.02);
+  EXPECT_EQ(s.in_flight, 98);
+  EXPECT_TRUE(idemgate::evaluate(s).healthy());
+}
+
+TYPED_TEST(StoreConformance, SignalsWithAQuarterDuplicatesSayTheUpstreamMisbehaves) {
+  ASSERT_NO_FATAL_FAILURE(this->traffic("storm", 75, 25));
+  const StoreSignals s = this->store().signals(1h);
+  EXPECT_EQ(s.events, 100);
+  EXPECT_EQ(s.duplicates, 25);
+  EXPECT_DOUBLE_EQ(s.duplicate_ratio(), 0.25);
+  const idemgate::Health h = idemgate::evaluate(s);
+  EXPECT_TRUE(h.upstream_misbehaving);
+  EXPECT_FALSE(h.key_derivation_suspect);
+}
+
+TYPED_TEST(StoreConformance, SignalsShowARowInFlightForElevenMinutesAsStranded) {
+  const Key old = key_of("stranded-old"), young = key_of("stranded-young");
+  ASSERT_EQ(this->reserve(old, "request", 1min).kind, Reservation::Kind::acquired);
+  this->traits_.advance(11min);
+  ASSERT_EQ(this->reserve(young, "request", 1min).kind, Reservation::Kind::acquired);
+  StoreSignals s = this->store().signals(1h);
+  EXPECT_EQ(s.in_flight, 2);
+  ASSERT_TRUE(s.oldest_in_flight.has_value());
+  EXPECT_GE(*s.oldest_in_flight, 11min);
+  EXPECT_LT(*s.oldest_in_flight, 12min);
+  EXPECT_TRUE(idemgate::evaluate(s).stranded_work);
+
+  // Age counts from the first reservation: a takeover does not make the event young again.
+  const Reservation taken = this->reserve(old, "request", 1min);
+  ASSERT_EQ(taken.kind, Reservation::Kind::taken_over);
+  s = this->store().signals(1h);
+  ASSERT_TRUE(s.oldest_in_flight.has_value());
+  EXPECT_GE(*s.oldest_in_flight, 11min);
+
+  ASSERT_EQ(this->store().commit(old, taken.fence, "slot", this->writer(old)),
+            CommitStatus::committed);
+  s = this->store().signals(1h);
+  EXPECT_EQ(s.in_flight, 1);
+  ASSERT_TRUE(s.oldest_in_flight.has_value());
+  EXPECT_LT(*s.oldest_in_flight, 1min);
+  EXPECT_FALSE(idemgate::evaluate(s).stranded_work);
+
+  ASSERT_EQ(this->store().escalate(young, 1, "needs a human"), CommitStatus::committed);
+  s = this->store().signals(1h);
+  EXPECT_EQ(s.in_flight, 0);
+  EXPECT_FALSE(s.oldest_in_flight.has_value());
+  EXPECT_EQ(s.escalated, 1);
+}
+
+TYPED_TEST(StoreConformance, SignalsCountAKeyWithTwoResultsAndMismatchesKeepBoth) {
+  const Key key = key_of("two results"), other = key_of("another two results");
+  const std::string stored("slot\0-1", 7), observed("slot\0-2", 7);
+  this->store().record_mismatch(key, stored, observed, "lost_lease");
+  StoreSignals s = this->store().signals(1h);
+  EXPECT_EQ(s.mismatched_keys, 1);
+  EXPECT_EQ(s.mismatches_total, 1);
+  EXPECT_TRUE(idemgate::evaluate(s).result_mismatch);
+
+  this->traits_.advance(1s);
+  this->store().record_mismatch(key, stored, "slot-3", "reconciler");
+  s = this->store().signals(1h);
+  EXPECT_EQ(s.mismatched_keys, 1) << "keys, not mismatches";
+  EXPECT_EQ(s.mismatches_total, 2);
+  this->traits_.advance(1s);
+  this->store().record_mismatch(other, "a", "b", "lost_lease");
+  s = this->store().signals(1h);
+  EXPECT_EQ(s.mismatched_keys, 2);
+  EXPECT_EQ(s.mismatches_total, 3);
+
+  const std::vector<Mismatch> all = this->store().mismatches(10);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].key, other) << "newest first";
+  EXPECT_EQ(all[1].key, key);
+  EXPECT_EQ(all[1].stored, stored);
+  EXPECT_EQ(all[1].observed, "slot-3");
+  EXPECT_EQ(all[1].source, "reconciler");
+  EXPECT_EQ(all[2].key, key);
+  EXPECT_EQ(all[2].stored, stored) << "results are bytes, not C strings";
+  EXPECT_EQ(all[2].observed, observed);
+  EXPECT_EQ(all[2].source, "lost_lease");
+  EXPECT_GT(all[0].at, all[1].at);
+  EXPECT_GT(all[1].at, all[2].at);
+  const std::vector<Mismatch> newest = this->store().mismatches(1);
+  ASSERT_EQ(newest.size(), 1u);
+  EXPECT_EQ(newest[0].key, other);
+  EXPECT_TRUE(this->store().mismatches(0).empty());
+}
+
+TYPED_TEST(StoreConformance, GateRecordsAMismatchWhenALateWorkerHoldsAnotherResult) {
+  using idemgate::test::SlotRequest;
+  idemgate::test::FakeTerminal<> terminal;
+  idemgate::Gate gate{this->store(),
+                      terminal,
+                      [this](auto& tx, const Key& key, const SlotRequest&, const std::string&) {
+                        this->traits_.write_business(tx, key);
+                      },
+                      {.lease = 10s}};
+  const SlotRequest request{"MSKU1", "07:00"};
+  const Key key = key_of("late worker");
+  const std::string bytes = gate.encode_request(request);
+  // A worker reserves and stalls past its lease; a redelivery takes the event over and commits.
+  const Reservation stalled =
+      this->store().reserve(key, idemgate::detail::sha256(bytes), bytes, 10s);
+  this->traits_.advance(11s);
+  const auto fresh = gate.process(key, request);
+  ASSERT_EQ(fresh.status(), idemgate::Status::processed);
+  ASSERT_TRUE(fresh.took_over());
+
+  EXPECT_EQ(gate.commit(key, stalled.fence, request, fresh.outcome()).status(),
+            idemgate::Status::lost_lease);
+  EXPECT_EQ(this->store().signals(1h).mismatches_total, 0) << "the same answer is no mismatch";
+  EXPECT_EQ(gate.commit(key, stalled.fence, request, std::string("slot-elsewhere")).status(),
+            idemgate::Status::lost_lease);
+  const StoreSignals s = this->store().signals(1h);
+  EXPECT_EQ(s.mismatched_keys, 1);
+  const std::vector<Mismatch> found = this->store().mismatches(10);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].key, key);
+  EXPECT_EQ(found[0].stored, fresh.outcome());
+  EXPECT_EQ(found[0].observed, "slot-elsewhere");
+  EXPECT_EQ(found[0].source, "lost_lease");
+  EXPECT_EQ(this->traits_.business_rows(), 1);
+}
+
+TYPED_TEST(StoreConformance, SignalsCountOnlyEventsAndMismatchesInsideTheWindow) {
+  ASSERT_NO_FATAL_FAILURE(this->traffic("last week", 10, 2));
+  this->store().record_mismatch(key_of("last week", 0), "a", "b", "lost_lease");
+  this->traits_.advance(2h);
+  ASSERT_NO_FATAL_FAILURE(this->traffic("today", 5, 1));
+  // A late redelivery counts toward its event's reservation time, outside the window.
+  EXPECT_NE(this->reserve(key_of("last week", 9)).kind, Reservation::Kind::acquired);
+
+  const StoreSignals recent = this->store().signals(1h);
+  EXPECT_EQ(recent.window, 1h);
+  EXPECT_EQ(recent.events, 6);
+  EXPECT_EQ(recent.duplicates, 1);
+  EXPECT_EQ(recent.mismatched_keys, 0);
+  EXPECT_EQ(recent.mismatches_total, 1) << "the total is not windowed";
+  EXPECT_EQ(recent.in_flight, 15) << "rows in flight now, whenever reserved";
+  ASSERT_TRUE(recent.oldest_in_flight.has_value());
+  EXPECT_GE(*recent.oldest_in_flight, 2h);
+
+  const StoreSignals wide = this->store().signals(3h);
+  EXPECT_EQ(wide.events, 19);
+  EXPECT_EQ(wide.duplicates, 4);
+  EXPECT_EQ(wide.mismatched_keys, 1);
+}
+
+// --- purge -----------------------------------------------------------------------------------
+
+TYPED_TEST(StoreConformance, PurgeRemovesFinishedRowsPastTheWindowAndKeepsTheRest) {
+  const Key c1 = key_of("old committed 1"), c2 = key_of("old committed 2");
+  const Key f1 = key_of("old failed"), i1 = key_of("old in flight");
+  const Key e1 = key_of("old escalated"), r1 = key_of("old released");
+  ASSERT_NO_FATAL_FAILURE(this->settled(c1, RecordStatus::committed));
+  ASSERT_NO_FATAL_FAILURE(this->settled(c2, RecordStatus::committed));
+  ASSERT_NO_FATAL_FAILURE(this->settled(f1, RecordStatus::failed));
+  ASSERT_NO_FATAL_FAILURE(this->settled(i1, RecordStatus::in_flight));
+  ASSERT_NO_FATAL_FAILURE(this->settled(e1, RecordStatus::escalated));
+  ASSERT_NO_FATAL_FAILURE(this->settled(r1, RecordStatus::in_flight));
+  ASSERT_TRUE(this->store().release(r1, 1));
+  this->traits_.advance(2h);
+  const Key c3 = key_of("new committed"), f2 = key_of("new failed");
+  ASSERT_NO_FATAL_FAILURE(this->settled(c3, RecordStatus::committed));
+  ASSERT_NO_FATAL_FAILURE(this->settled(f2, RecordStatus::failed));
+
+  EXPECT_EQ(this->store().purge(1h, 100), 3u);
+  for (const Key& gone : {c1, c2, f1}) EXPECT_FALSE(this->store().find(gone).has_value());
+  EXPECT_EQ(this->status_of(i1), RecordStatus::in_flight);
+  EXPECT_EQ(this->status_of(r1), RecordStatus::in_flight);
+  EXPECT_EQ(this->status_of(e1), RecordStatus::escalated);
+  EXPECT_EQ(this->status_of(c3), RecordStatus::committed);
+  EXPECT_EQ(this->status_of(f2), RecordStatus::failed);
+  EXPECT_EQ(this->store().purge(1h, 100), 0u) << "nothing left past the window";
+  EXPECT_EQ(this->traits_.business_rows(), 3) << "business rows are the caller's";
+  EXPECT_EQ(this->store().escalated(10).size(), 1u);
+  // Past the dedup window an event is new again: why the window must outlast redeliveries.
+  EXPECT_EQ(this->reserve(c1).kind, Reservation::Kind::acquired);
+}
+
+TYPED_TEST(StoreConformance, PurgeDeletesInBatchesAndReturnsTheTotal) {
+  for (int i = 0; i < 23; ++i)
+    ASSERT_NO_FATAL_FAILURE(this->settled(
+        key_of("batch", i), i % 5 == 0 ? RecordStatus::failed : RecordStatus::committed));
+  this->traits_.advance(2h);
+  EXPECT_EQ(this->store().purge(1h, 0), 0u) << "a batch of 0 deletes nothing";
+  EXPECT_TRUE(this->store().find(key_of("batch", 0)).has_value());
+  EXPECT_EQ(this->store().purge(1h, 10), 23u) << "10 + 10 + 3";
+  for (int i = 0; i < 23; ++i)
+    EXPECT_FALSE(this->store().find(key_of("batch", i)).has_value()) << i;
+  for (int i = 0; i < 4; ++i)
+    ASSERT_NO_FATAL_FAILURE(this->settled(key_of("one by one", i), RecordStatus::committed));
+  EXPECT_EQ(this->store().purge(0s, 1), 4u);
+  EXPECT_EQ(this->store().purge(0s, 2), 0u);
+}
+
+TYPED_TEST(StoreConformance, PurgeNeverRemovesAnInFlightRowUnderConcurrentTraffic) {
+  constexpr int workers = 4, per_worker = 40;
+  std::vector<std::vector<Key>> flying(workers), finished(workers);
+  std::atomic<bool> traffic_done{false};
+  std::atomic<std::size_t> purged{0};
+  std::atomic<int> errors{0}, lost{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w)
+    threads.emplace_back([&, w] {
+      try {
+        for (int i = 0; i < per_worker; ++i) {
+          const Key key = key_of("traffic-" + std::to_string(w), i);
+          const Reservation r = this->reserve(key);
+          if (r.kind != Reservation::Kind::acquired) ++errors;
+          switch (i % 4) {
+            case 0:
+              if (this->store().commit(key, r.fence, "slot", this->writer(key)) !=
+                  CommitStatus::committed)
+                ++lost;
+              finished[w].push_back(key);
+              break;
+            case 1:
+              if (this->store().fail(key, r.fence, "422") != CommitStatus::committed) ++lost;
+              finished[w].push_back(key);
+              break;
+            case 2:
+              flying[w].push_back(key);
+              break;
+            default:
+              if (!this->store().release(key, r.fence)) ++lost;
+              flying[w].push_back(key);
+              break;
+          }
+        }
+      } catch (...) {
+        ++errors;
+      }
+    });
+  std::thread purger([&] {
+    try {
+      while (!traffic_done.load()) purged += this->store().purge(0s, 3);
+    } catch (...) {
+      ++errors;
+    }
+  });
+  for (auto& t : threads) t.join();
+  traffic_done = true;
+  purger.join();
+  purged += this->store().purge(0s, 1000);
+
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(lost.load(), 0) << "a purge took a row from under its holder";
+  std::size_t finished_count = 0;
+  for (int w = 0; w < workers; ++w) {
+    for (const Key& key : flying[w]) {
+      const auto row = this->store().find(key);
+      ASSERT_TRUE(row.has_value()) << "an in-flight row was purged";
+      EXPECT_EQ(row->status, RecordStatus::in_flight);
+    }
+    for (const Key& key : finished[w])
+      EXPECT_FALSE(this->store().find(key).has_value()) << "a finished row outlived the purge";
+    finished_count += finished[w].size();
+  }
+  EXPECT_EQ(purged.load(), finished_count) << "exactly the finished rows were purged";
+  EXPECT_EQ(this->traits_.business_rows(), workers * per_worker / 4);
+}
+
+// --- the gate over the store ----------------------------------------------------------------
 
 TYPED_TEST(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerContainer) {
   using idemgate::test::SlotRequest;

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -79,16 +80,18 @@ class Queue {
   }
 
   /// Runs `handle(position, attempt)` on `workers` threads until every message is acked or
-  /// dead-lettered. `handle` returns true to ack; a `Crash` leaves the message unacked.
+  /// dead-lettered. `handle` returns true to ack; a `Crash` leaves the message unacked. Any
+  /// other exception stops the run and is rethrown here once every worker has stopped.
   void drain(int workers, int max_attempts, const std::function<bool(std::size_t, int)>& handle) {
     std::vector<std::thread> threads;
+    std::exception_ptr failure;
     for (int w = 0; w < workers; ++w)
       threads.emplace_back([&] {
         for (;;) {
           Message m;
           {
             std::lock_guard lock(mutex_);
-            if (pending_.empty()) return;
+            if (pending_.empty() || failure) return;
             m = pending_.front();
             pending_.pop_front();
           }
@@ -96,6 +99,10 @@ class Queue {
           try {
             acked = handle(m.position, m.attempt);
           } catch (const Crash&) {
+          } catch (...) {
+            std::lock_guard lock(mutex_);
+            if (!failure) failure = std::current_exception();
+            return;
           }
           deliveries_.fetch_add(1);
           if (acked) continue;
@@ -107,6 +114,7 @@ class Queue {
         }
       });
     for (auto& t : threads) t.join();
+    if (failure) std::rethrow_exception(failure);
   }
 
   /// Deliveries handed to workers.

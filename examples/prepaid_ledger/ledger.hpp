@@ -496,6 +496,7 @@ class PrepaidLedger {
         count(answer);
         return answer;
       }
+      if (pause == std::chrono::milliseconds(2)) ++waited_;
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(100));
     }
@@ -504,11 +505,13 @@ class PrepaidLedger {
   /// The account, or nullopt when it was never used.
   std::optional<Account> account(std::string_view id) { return ledger_.account(id); }
 
-  /// How often each answer was given since start, indexed by `Answer`.
+  /// How often each answer was given since start, by name, and how many deliveries waited for
+  /// a concurrent delivery of the same event (`waited_in_flight`).
   [[nodiscard]] std::vector<std::pair<std::string_view, std::uint64_t>> counts() const {
     std::vector<std::pair<std::string_view, std::uint64_t>> out;
     for (std::size_t i = 0; i < counts_.size(); ++i)
       out.emplace_back(to_string(static_cast<Answer>(i)), counts_[i].load());
+    out.emplace_back("waited_in_flight", waited_.load());
     return out;
   }
 
@@ -547,7 +550,8 @@ class PrepaidLedger {
   LedgerOptions options_;
   gate_type gate_;
   idemgate::Reconciler<store_type, L, RecordEvent<L>> reconciler_;
-  std::array<std::atomic<std::uint64_t>, 8> counts_{};
+  std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Answer::escalated) + 1> counts_{};
+  std::atomic<std::uint64_t> waited_{0};
 };
 
 }  // namespace prepaid

@@ -1,16 +1,21 @@
 #pragma once
 
+#include "batch.hpp"
 #include "concepts.hpp"
+#include "detail/lru_cache.hpp"
 #include "detail/sha256.hpp"
 #include "outcome.hpp"
+#include "signals.hpp"
 
 #include <chrono>
 #include <cstddef>
 #include <exception>
 #include <functional>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -30,6 +35,11 @@ struct GateOptions {
   std::chrono::milliseconds lease = std::chrono::minutes(2);
   /// Largest encoded request the gate accepts (it is stored with the reservation).
   std::size_t max_request_bytes = 1 << 20;
+  /// Committed keys remembered in this process (a bounded LRU) to answer hot duplicates without
+  /// a round trip; 0 turns it off. In-flight keys are never cached. Duplicates answered here do
+  /// not reach the store's duplicate counter: with the cache on, watch the duplicate ratio
+  /// through the observer's counts instead.
+  std::size_t cache_capacity = 0;
 };
 
 /// The default business write's type: a callable taking the store's transaction, the request and
@@ -53,7 +63,8 @@ using BusinessWrite =
  *   auto result = gate.process(key, SlotRequest{n.equipment_number, n.preferred_window});
  *   if (result.should_ack()) message.ack();
  */
-template <store Store, downstream Downstream, class Apply = BusinessWrite<Store, Downstream>>
+template <store Store, downstream Downstream, class Apply = BusinessWrite<Store, Downstream>,
+          observer Observer = NullObserver>
 requires business_write<Apply, Store, Downstream>
 class Gate {
  public:
@@ -64,10 +75,31 @@ class Gate {
   /// What `process` returns.
   using result_type = Result<outcome_type>;
 
-  /// A gate over `store` and `downstream`; `apply` is the business write, run in the commit's
-  /// transaction (also by the reconciler, so it must depend only on request and outcome).
-  Gate(Store& store, Downstream& downstream, Apply apply, GateOptions options = {})
-      : store_(store), downstream_(downstream), apply_(std::move(apply)), options_(options) {}
+  /// A gate over `store` and `downstream`; `business_write` runs in the commit's transaction
+  /// (also for the reconciler, so it must depend only on key, request and outcome).
+  Gate(Store& store, Downstream& downstream, Apply business_write,
+       GateOptions options = {}) requires std::same_as<Observer, NullObserver>
+      : Gate(store, downstream, std::move(business_write), options, null_observer()) {}
+
+  /// A gate that also reports every result, reconciliation and mismatch to `observer` (for
+  /// example a `Counters`); the observer must outlive the gate.
+  Gate(Store& store, Downstream& downstream, Apply business_write, GateOptions options,
+       Observer& observer)
+      : store_(store),
+        downstream_(downstream),
+        apply_(std::move(business_write)),
+        options_(options),
+        observer_(observer),
+        cache_(options.cache_capacity) {
+    if constexpr (!Downstream::honours_idempotency_key &&
+                  requires { store.relaxed_reservations(); }) {
+      if (store.relaxed_reservations())
+        throw std::invalid_argument(
+            "idemgate: relaxed reservations need a downstream that honours Idempotency-Key (a "
+            "reservation lost in a database crash is only safe when the repeated claim returns "
+            "the original outcome); turn PostgresOptions::relaxed_reservations off");
+    }
+  }
 
   /**
    * Processes one delivery of an event: the four steps, in order.
@@ -77,20 +109,88 @@ class Gate {
    * business write throws (its transaction is rolled back; the row stays in flight).
    */
   result_type process(const Key& key, const request_type& request) {
-    const std::string bytes = encode_request(request);
-    const Fingerprint fingerprint = detail::sha256(bytes);
-    const Reservation reservation = store_.reserve(key, fingerprint, bytes, options_.lease);
-    if (reservation.kind == Reservation::Kind::existing) return answer_existing(reservation);
+    const auto started = std::chrono::steady_clock::now();
+    result_type result = process_once(key, request);
+    observer_.on_result(key, result.status(), std::chrono::steady_clock::now() - started);
+    return result;
+  }
 
-    const bool took_over = reservation.kind == Reservation::Kind::taken_over;
-    if constexpr (!Downstream::honours_idempotency_key) {
-      const CommitStatus parked = store_.escalate(key, reservation.fence, no_key_support_reason());
-      if (parked == CommitStatus::lost_lease) return lost_lease_result();
-      return result_type::because(Status::escalated, no_key_support_reason())
-          .set_took_over(took_over);
-    } else {
-      return finish(key, reservation.fence, request, claim(key, request)).set_took_over(took_over);
+  /// The observer results are reported to.
+  [[nodiscard]] Observer& observer() noexcept { return observer_; }
+
+  /**
+   * Processes a batch of messages (an SQS receive of up to 10, or more): every key reserved in
+   * one statement when the store can (`reserve_batch`), the downstream called for each new
+   * event, and the commits grouped in one transaction (`commit_batch`). Returns one result per
+   * message, in order; `retry_ids()` lists the messages not to ack.
+   *
+   * Messages with the same key in one batch are processed once; the others get its answer as
+   * `duplicate`. A message whose request cannot be encoded gets `failed` (nothing written).
+   * A business write that throws leaves its event in flight and its message to `retry`.
+   */
+  BatchResult<outcome_type> process_batch(std::span<const BatchMessage<request_type>> messages) {
+    const auto started = std::chrono::steady_clock::now();
+    const std::size_t n = messages.size();
+    std::vector<std::optional<result_type>> results(n);
+    std::vector<std::string> bytes(n);
+    std::vector<Fingerprint> fingerprints(n);
+    std::vector<std::size_t> first(n);
+    std::unordered_map<Key, std::size_t, KeyHash> seen;
+    std::vector<std::size_t> pending;  // first occurrences that need the store
+    for (std::size_t i = 0; i < n; ++i) {
+      first[i] = seen.try_emplace(messages[i].key, i).first->second;
+      if (first[i] != i) continue;
+      try {
+        bytes[i] = encode_request(messages[i].request);
+      } catch (const RequestError& e) {
+        results[i] = result_type::because(Status::failed, e.what());
+        continue;
+      }
+      fingerprints[i] = detail::sha256(bytes[i]);
+      if (auto hit = cache_.get(messages[i].key))
+        results[i] = answer_cached(*hit, fingerprints[i]);
+      else
+        pending.push_back(i);
     }
+
+    const std::vector<Reservation> reservations =
+        reserve_all(messages, pending, bytes, fingerprints);
+    std::vector<std::size_t> to_commit;
+    std::vector<outcome_type> outcomes;
+    for (std::size_t p = 0; p < pending.size(); ++p) {
+      const std::size_t i = pending[p];
+      const Reservation& r = reservations[p];
+      const Key& key = messages[i].key;
+      if (r.kind == Reservation::Kind::existing) {
+        remember(key, fingerprints[i], r);
+        results[i] = answer_existing(r);
+        continue;
+      }
+      if constexpr (!Downstream::honours_idempotency_key) {
+        results[i] = start(key, messages[i].request, fingerprints[i], r);
+      } else {
+        const ClaimResult<outcome_type> answer = claim(key, messages[i].request);
+        if (answer.ok()) {
+          to_commit.push_back(p);
+          outcomes.push_back(answer.outcome());
+        } else {
+          results[i] = finish(key, r.fence, messages[i].request, answer);
+        }
+      }
+    }
+    commit_all(messages, pending, reservations, fingerprints, to_commit, outcomes, results);
+
+    std::vector<BatchItem<outcome_type>> items;
+    items.reserve(n);
+    const auto took = std::chrono::steady_clock::now() - started;
+    for (std::size_t i = 0; i < n; ++i) {
+      result_type result = *results[first[i]];
+      if (first[i] != i && result.has_outcome())
+        result = result_type::with(Status::duplicate, result.outcome());
+      observer_.on_result(messages[i].key, result.status(), took / static_cast<long>(n));
+      items.push_back({messages[i].message_id, std::move(result)});
+    }
+    return BatchResult<outcome_type>(std::move(items));
   }
 
   /// Stores the downstream's answer under a fence this caller holds: commits an outcome with the
@@ -116,7 +216,10 @@ class Gate {
     const CommitStatus status =
         store_.commit(key, fence, outcome_bytes,
                       [&](typename Store::transaction& tx) { apply(tx, key, request, outcome); });
-    if (status == CommitStatus::lost_lease) return lost_lease_result();
+    if (status == CommitStatus::lost_lease) {
+      note_mismatch(key, outcome_bytes, "lost_lease");
+      return lost_lease_result();
+    }
     return result_type::with(Status::processed, outcome);
   }
 
@@ -176,6 +279,174 @@ class Gate {
   [[nodiscard]] const GateOptions& options() const noexcept { return options_; }
 
  private:
+  result_type process_once(const Key& key, const request_type& request) {
+    const std::string bytes = encode_request(request);
+    const Fingerprint fingerprint = detail::sha256(bytes);
+    if (auto hit = cache_.get(key)) return answer_cached(*hit, fingerprint);
+    const Reservation reservation = store_.reserve(key, fingerprint, bytes, options_.lease);
+    if (reservation.kind == Reservation::Kind::existing) {
+      remember(key, fingerprint, reservation);
+      return answer_existing(reservation);
+    }
+    return start(key, request, fingerprint, reservation);
+  }
+
+  // Acquired or taken over: call the downstream (or escalate), then store its answer.
+  result_type start(const Key& key, const request_type& request, const Fingerprint& fingerprint,
+                    const Reservation& reservation) {
+    const bool took_over = reservation.kind == Reservation::Kind::taken_over;
+    if constexpr (!Downstream::honours_idempotency_key) {
+      const CommitStatus parked = store_.escalate(key, reservation.fence, no_key_support_reason());
+      if (parked == CommitStatus::lost_lease) return lost_lease_result();
+      return result_type::because(Status::escalated, no_key_support_reason())
+          .set_took_over(took_over);
+    } else {
+      result_type result = finish(key, reservation.fence, request, claim(key, request));
+      if (result.status() == Status::processed) remember(key, fingerprint, result.outcome());
+      return result.set_took_over(took_over);
+    }
+  }
+
+  struct CachedOutcome {
+    Fingerprint fingerprint;
+    std::string result;
+  };
+
+  result_type answer_cached(const CachedOutcome& hit, const Fingerprint& fingerprint) const {
+    Reservation found = Reservation::existing(0, RecordStatus::committed,
+                                              hit.fingerprint == fingerprint, hit.result);
+    return answer_existing(found);
+  }
+
+  void remember(const Key& key, const Fingerprint& fingerprint, const Reservation& found) {
+    if (options_.cache_capacity > 0 && found.status == RecordStatus::committed &&
+        found.same_request)
+      cache_.put(key, {fingerprint, found.result});
+  }
+
+  void remember(const Key& key, const Fingerprint& fingerprint, const outcome_type& outcome) {
+    if (options_.cache_capacity == 0) return;
+    std::string bytes;
+    codec<outcome_type>::encode(outcome, bytes);
+    cache_.put(key, {fingerprint, std::move(bytes)});
+  }
+
+  std::vector<Reservation> reserve_all(std::span<const BatchMessage<request_type>> messages,
+                                       const std::vector<std::size_t>& pending,
+                                       const std::vector<std::string>& bytes,
+                                       const std::vector<Fingerprint>& fingerprints) {
+    if constexpr (requires(std::span<const ReserveItem> items) {
+                    store_.reserve_batch(items, options_.lease);
+                  }) {
+      std::vector<ReserveItem> items;
+      items.reserve(pending.size());
+      for (std::size_t i : pending) items.push_back({messages[i].key, fingerprints[i], bytes[i]});
+      if (!items.empty()) return store_.reserve_batch(items, options_.lease);
+      return {};
+    } else {
+      std::vector<Reservation> reservations;
+      for (std::size_t i : pending)
+        reservations.push_back(
+            store_.reserve(messages[i].key, fingerprints[i], bytes[i], options_.lease));
+      return reservations;
+    }
+  }
+
+  void commit_all(std::span<const BatchMessage<request_type>> messages,
+                  const std::vector<std::size_t>& pending,
+                  const std::vector<Reservation>& reservations,
+                  const std::vector<Fingerprint>& fingerprints,
+                  const std::vector<std::size_t>& to_commit,
+                  const std::vector<outcome_type>& outcomes,
+                  std::vector<std::optional<result_type>>& results) {
+    if (to_commit.empty()) return;
+    auto settle_one = [&](std::size_t c, CommitStatus status, const std::string& outcome_bytes) {
+      const std::size_t i = pending[to_commit[c]];
+      if (status == CommitStatus::committed) {
+        remember(messages[i].key, fingerprints[i], outcomes[c]);
+        results[i] = result_type::with(Status::processed, outcomes[c]);
+      } else {
+        note_mismatch(messages[i].key, outcome_bytes, "lost_lease");
+        results[i] = lost_lease_result();
+      }
+      if (reservations[to_commit[c]].kind == Reservation::Kind::taken_over)
+        results[i]->set_took_over();
+    };
+    std::vector<std::string> outcome_bytes(to_commit.size());
+    for (std::size_t c = 0; c < to_commit.size(); ++c)
+      codec<outcome_type>::encode(outcomes[c], outcome_bytes[c]);
+    if constexpr (requires(std::span<const CommitItem> items) {
+                    store_.commit_batch(items, [](typename Store::transaction&, std::size_t) {});
+                  }) {
+      std::vector<CommitItem> items;
+      items.reserve(to_commit.size());
+      for (std::size_t c = 0; c < to_commit.size(); ++c) {
+        const std::size_t p = to_commit[c];
+        items.push_back({messages[pending[p]].key, reservations[p].fence, outcome_bytes[c]});
+      }
+      std::vector<CommitStatus> statuses;
+      try {
+        statuses = store_.commit_batch(items, [&](typename Store::transaction& tx, std::size_t c) {
+          const std::size_t i = pending[to_commit[c]];
+          apply(tx, messages[i].key, messages[i].request, outcomes[c]);
+        });
+      } catch (const StoreError&) {
+        throw;
+      } catch (const std::exception& e) {
+        // Some business write refused; the others were committed one by one. Read back which.
+        for (std::size_t c = 0; c < to_commit.size(); ++c) {
+          const std::size_t i = pending[to_commit[c]];
+          const auto row = store_.find(messages[i].key);
+          if (row && row->status == RecordStatus::committed &&
+              row->fence == reservations[to_commit[c]].fence)
+            settle_one(c, CommitStatus::committed, outcome_bytes[c]);
+          else
+            results[i] = result_type::because(
+                Status::retry, std::string("the business write failed: ") + e.what() +
+                                   "; the event stays in flight until its lease ends");
+        }
+        return;
+      }
+      for (std::size_t c = 0; c < to_commit.size(); ++c)
+        settle_one(c, statuses[c], outcome_bytes[c]);
+    } else {
+      for (std::size_t c = 0; c < to_commit.size(); ++c) {
+        const std::size_t p = to_commit[c];
+        const std::size_t i = pending[p];
+        try {
+          const CommitStatus status =
+              store_.commit(messages[i].key, reservations[p].fence, outcome_bytes[c],
+                            [&](typename Store::transaction& tx) {
+                              apply(tx, messages[i].key, messages[i].request, outcomes[c]);
+                            });
+          settle_one(c, status, outcome_bytes[c]);
+        } catch (const StoreError&) {
+          throw;
+        } catch (const std::exception& e) {
+          results[i] = result_type::because(Status::retry,
+                                            std::string("the business write failed: ") + e.what() +
+                                                "; the event stays in flight until its lease ends");
+        }
+      }
+    }
+  }
+
+  static NullObserver& null_observer() noexcept {
+    static NullObserver none;
+    return none;
+  }
+
+  // A worker that lost its lease holds an answer from the downstream: if the new holder
+  // committed a different one, the downstream gave two results for one key.
+  void note_mismatch(const Key& key, const std::string& observed, std::string_view source) {
+    const std::optional<Record> row = store_.find(key);
+    if (!row || row->status != RecordStatus::committed || !row->result || *row->result == observed)
+      return;
+    if constexpr (monitored_store<Store>)
+      store_.record_mismatch(key, *row->result, observed, source);
+    observer_.on_mismatch(key, *row->result, observed);
+  }
+
   ClaimResult<outcome_type> claim(const Key& key, const request_type& request) {
     try {
       return downstream_.claim(request, key);
@@ -222,6 +493,17 @@ class Gate {
   Downstream& downstream_;
   Apply apply_;
   GateOptions options_;
+  Observer& observer_;
+  detail::LruCache<CachedOutcome> cache_;
 };
+
+/// Deduces a gate without an observer.
+template <class Store, class Downstream, class Apply>
+Gate(Store&, Downstream&, Apply, GateOptions = {}) -> Gate<Store, Downstream, Apply>;
+
+/// Deduces a gate with an observer.
+template <class Store, class Downstream, class Apply, class Observer>
+Gate(Store&, Downstream&, Apply, GateOptions, Observer&)
+    -> Gate<Store, Downstream, Apply, Observer>;
 
 }  // namespace idemgate

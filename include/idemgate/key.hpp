@@ -79,7 +79,9 @@ class Key {
     return Key(bytes);
   }
 
+  /// Keys are equal when their bytes are.
   friend constexpr bool operator==(const Key&, const Key&) noexcept = default;
+  /// Keys order by their bytes (for ordered containers).
   friend constexpr auto operator<=>(const Key&, const Key&) noexcept = default;
 
  private:
@@ -170,6 +172,8 @@ struct KeyHash {
 
 }  // namespace idemgate
 
-/// Lets `Key` be used in `std::unordered_map` without naming `KeyHash`.
+/// \cond
+// Lets `Key` be used in `std::unordered_map` without naming `KeyHash`.
 template <>
 struct std::hash<idemgate::Key> : idemgate::KeyHash {};
+/// \endcond

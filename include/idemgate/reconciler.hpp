@@ -65,11 +65,11 @@ struct ReconcileReport {
  *   idemgate::Reconciler reconciler{gate};
  *   reconciler.start();  // a pass every minute until stop() or destruction
  */
-template <store Store, downstream Downstream, class Apply>
+template <store Store, downstream Downstream, class Apply, class Observer = NullObserver>
 class Reconciler {
  public:
   /// The gate whose stranded rows this reconciler finishes.
-  using gate_type = Gate<Store, Downstream, Apply>;
+  using gate_type = Gate<Store, Downstream, Apply, Observer>;
 
   /// A reconciler for `gate`'s store and downstream.
   explicit Reconciler(gate_type& gate, ReconcilerOptions options = {})
@@ -132,7 +132,7 @@ class Reconciler {
     if constexpr (lookup_downstream<Downstream>) {
       const LookupResult<typename gate_type::outcome_type> held = look_up(row.key);
       if (held.found()) {
-        count(gate_.commit(row.key, row.fence, request, held.outcome()).status(), report,
+        count(row.key, gate_.commit(row.key, row.fence, request, held.outcome()).status(), report,
               report.found);
         return;
       }
@@ -148,7 +148,8 @@ class Reconciler {
         ++report.deferred;
         return;
       }
-      count(gate_.finish(row.key, row.fence, request, answer).status(), report, report.reclaimed);
+      count(row.key, gate_.finish(row.key, row.fence, request, answer).status(), report,
+            report.reclaimed);
     } else {
       park(row,
            "stranded in flight and the downstream neither honours Idempotency-Key nor can look "
@@ -175,13 +176,17 @@ class Reconciler {
   }
 
   void park(const Stranded& row, const std::string& reason, ReconcileReport& report) {
-    if (gate_.store().escalate(row.key, row.fence, reason) == CommitStatus::lost_lease)
+    if (gate_.store().escalate(row.key, row.fence, reason) == CommitStatus::lost_lease) {
       ++report.lost;
-    else
+    } else {
       ++report.escalated;
+      gate_.observer().on_reconciled(row.key, Status::escalated);
+    }
   }
 
-  static void count(Status status, ReconcileReport& report, std::size_t& finished) {
+  void count(const Key& key, Status status, ReconcileReport& report, std::size_t& finished) {
+    if (status == Status::processed || status == Status::failed)
+      gate_.observer().on_reconciled(key, status);
     switch (status) {
       case Status::processed:
         ++finished;
@@ -228,8 +233,8 @@ class Reconciler {
 };
 
 /// Deduces the reconciler's policies from its gate.
-template <class Store, class Downstream, class Apply>
-Reconciler(Gate<Store, Downstream, Apply>&, ReconcilerOptions = {})
-    -> Reconciler<Store, Downstream, Apply>;
+template <class Store, class Downstream, class Apply, class Observer>
+Reconciler(Gate<Store, Downstream, Apply, Observer>&, ReconcilerOptions = {})
+    -> Reconciler<Store, Downstream, Apply, Observer>;
 
 }  // namespace idemgate

@@ -127,6 +127,22 @@ struct Record {
   std::chrono::system_clock::time_point updated_at;
   /// Until when the current holder's lease runs.
   std::chrono::system_clock::time_point lease_until;
+  /// How many later reservations met this key (duplicates, replays, in-flight collisions).
+  std::int64_t duplicates = 0;
+};
+
+/// A downstream answer for a key that differed from the stored one (healthy: never).
+struct Mismatch {
+  /// The key.
+  Key key;
+  /// The outcome the store holds.
+  std::string stored;
+  /// The different outcome the downstream gave.
+  std::string observed;
+  /// Where it was seen, e.g. "lost_lease" or "reconciler".
+  std::string source;
+  /// When it was recorded.
+  std::chrono::system_clock::time_point at;
 };
 
 /// A stranded row taken over by a reconciler: the new fence and what is needed to finish it.
@@ -137,6 +153,26 @@ struct Stranded {
   std::int64_t fence = 0;
   /// The request's canonical bytes.
   std::string request;
+};
+
+/// One key of a batch reservation.
+struct ReserveItem {
+  /// The idempotency key.
+  Key key;
+  /// SHA-256 of `request`.
+  Fingerprint fingerprint{};
+  /// The request's canonical bytes.
+  std::string_view request;
+};
+
+/// One outcome of a batch commit.
+struct CommitItem {
+  /// The idempotency key.
+  Key key;
+  /// The fence the caller holds.
+  std::int64_t fence = 0;
+  /// The outcome's bytes.
+  std::string_view result;
 };
 
 /// Thrown when a store cannot do its work: the database is unreachable, a commit's fate is

@@ -35,7 +35,7 @@ inline std::string unique_table(const std::string& stem) {
       name +=
           static_cast<char>(std::isalnum(static_cast<unsigned char>(c)) ? std::tolower(c) : '_');
   }
-  if (name.size() > 60) name.resize(60);
+  if (name.size() > 40) name.resize(40);
   return name;
 }
 

@@ -36,7 +36,8 @@ inline std::string redact_uri(std::string uri) {
 
 /// A fixed-size pool of PostgreSQL connections; thread-safe checkout, broken ones replaced.
 ///
-/// Each connection is opened on first need and reopened after it broke; `ready()` tells the
+/// The first connection opens at construction, so a bad URI fails there. Each other connection
+/// is opened on first need and reopened after it broke; `ready()` tells the
 /// owner whether it has prepared its statements on the connection since it opened.
 class ConnectionPool {
  public:
@@ -64,9 +65,14 @@ class ConnectionPool {
     std::size_t index_;
   };
 
-  /// A pool of `size` connections to `uri`; opens the first one now, so a bad URI fails here.
-  ConnectionPool(std::string uri, std::size_t size, std::chrono::milliseconds checkout_timeout)
-      : uri_(std::move(uri)), checkout_timeout_(checkout_timeout), slots_(size == 0 ? 1 : size) {
+  /// A pool of `size` connections to `uri`; `session_sql` (e.g. `SET synchronous_commit = off`)
+  /// runs once on every connection it opens.
+  ConnectionPool(std::string uri, std::size_t size, std::chrono::milliseconds checkout_timeout,
+                 std::string session_sql = {})
+      : uri_(std::move(uri)),
+        session_sql_(std::move(session_sql)),
+        checkout_timeout_(checkout_timeout),
+        slots_(size == 0 ? 1 : size) {
     for (std::size_t i = 0; i < slots_.size(); ++i) free_.push_back(i);
     slots_[0].connection = open();
   }
@@ -123,6 +129,10 @@ class ConnectionPool {
                        ". Check the URI (postgresql://user@host:port/dbname) and "
                        "that the server is up.");
     }
+    if (!session_sql_.empty()) {
+      pqxx::nontransaction tx(*connection);
+      pq::exec(tx, session_sql_);
+    }
     return connection;
   }
 
@@ -140,6 +150,7 @@ class ConnectionPool {
   }
 
   std::string uri_;
+  std::string session_sql_;
   std::chrono::milliseconds checkout_timeout_;
   std::vector<Slot> slots_;
   std::vector<std::size_t> free_;

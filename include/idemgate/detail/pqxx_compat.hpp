@@ -58,6 +58,36 @@ inline std::string bytea_param(std::string_view bytes) {
   return out;
 }
 
+/// Byte strings as a `bytea[]` parameter in text form: `{"\\x…","\\x…"}`.
+template <class Range>
+std::string bytea_array_param(const Range& values) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out = "{";
+  for (std::string_view bytes : values) {
+    if (out.size() > 1) out += ',';
+    out += "\"\\\\x";
+    for (unsigned char c : bytes) {
+      out += digits[c >> 4];
+      out += digits[c & 0x0f];
+    }
+    out += '"';
+  }
+  out += '}';
+  return out;
+}
+
+/// Integers as a `bigint[]` parameter in text form.
+template <class Range>
+std::string bigint_array_param(const Range& values) {
+  std::string out = "{";
+  for (auto value : values) {
+    if (out.size() > 1) out += ',';
+    out += std::to_string(value);
+  }
+  out += '}';
+  return out;
+}
+
 /// Decodes a bytea field in text form (hex or escape output) into raw bytes.
 inline std::string bytea_field(const pqxx::field& field) {
   if (field.is_null()) return {};

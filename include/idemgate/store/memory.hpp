@@ -2,6 +2,7 @@
 
 #include "../concepts.hpp"
 #include "../record.hpp"
+#include "../signals.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -62,6 +63,7 @@ class MemoryStore {
       row.lease_until = now + lease;
       return Reservation::acquired(row.fence);
     }
+    ++row.duplicates;
     const bool same = row.fingerprint == fingerprint;
     if (same && row.status == RecordStatus::in_flight && row.lease_until < now) {
       ++row.fence;
@@ -100,11 +102,15 @@ class MemoryStore {
     return settle(key, fence, RecordStatus::escalated, reason);
   }
 
-  /// Deletes an in-flight reservation this caller holds, so the next delivery can take it.
+  /// Gives back an in-flight reservation this caller holds after a transient failure: its lease
+  /// ends now, so the next delivery takes the key over at once (with a higher fence). False when
+  /// the fence no longer holds.
   bool release(const Key& key, std::int64_t fence) {
     std::lock_guard lock(mutex_);
-    if (holder(key, fence) == nullptr) return false;
-    rows_.erase(key);
+    Record* row = holder(key, fence);
+    if (row == nullptr) return false;
+    row->lease_until = std::chrono::system_clock::time_point{};  // the epoch: long gone
+    row->updated_at = clock_();
     return true;
   }
 
@@ -168,6 +174,72 @@ class MemoryStore {
     return true;
   }
 
+  /// The three signals over the events reserved in the last `window`.
+  StoreSignals signals(std::chrono::seconds window) const {
+    std::lock_guard lock(mutex_);
+    const auto now = clock_();
+    StoreSignals s;
+    s.window = window;
+    for (const auto& [key, row] : rows_) {
+      if (row.created_at >= now - window) {
+        s.events += 1 + row.duplicates;
+        s.duplicates += row.duplicates;
+      }
+      if (row.status == RecordStatus::in_flight) {
+        ++s.in_flight;
+        const auto age = std::chrono::duration_cast<std::chrono::seconds>(now - row.created_at);
+        if (!s.oldest_in_flight || age > *s.oldest_in_flight) s.oldest_in_flight = age;
+      }
+      if (row.status == RecordStatus::escalated) ++s.escalated;
+    }
+    std::vector<Key> keys;
+    for (const Mismatch& m : mismatches_)
+      if (m.at >= now - window && std::find(keys.begin(), keys.end(), m.key) == keys.end())
+        keys.push_back(m.key);
+    s.mismatched_keys = static_cast<std::int64_t>(keys.size());
+    s.mismatches_total = static_cast<std::int64_t>(mismatches_.size());
+    return s;
+  }
+
+  /// Keeps a downstream answer that differed from the stored one.
+  void record_mismatch(const Key& key, std::string_view stored, std::string_view observed,
+                       std::string_view source) {
+    std::lock_guard lock(mutex_);
+    mismatches_.push_back(
+        {key, std::string(stored), std::string(observed), std::string(source), clock_()});
+  }
+
+  /// Up to `limit` recorded mismatches, newest first.
+  std::vector<Mismatch> mismatches(std::size_t limit) const {
+    std::lock_guard lock(mutex_);
+    std::vector<Mismatch> newest(mismatches_.rbegin(), mismatches_.rend());
+    if (newest.size() > limit) newest.resize(limit);
+    return newest;
+  }
+
+  /// Deletes committed and failed rows reserved more than `older_than` ago, `batch` per lock;
+  /// never in-flight or escalated rows. Returns how many it deleted.
+  std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
+    std::size_t deleted = 0;
+    for (;;) {
+      std::lock_guard lock(mutex_);
+      const auto cutoff = clock_() - older_than;
+      std::size_t this_batch = 0;
+      for (auto it = rows_.begin(); it != rows_.end() && this_batch < batch;) {
+        const Record& row = it->second;
+        if ((row.status == RecordStatus::committed || row.status == RecordStatus::failed) &&
+            row.created_at < cutoff) {
+          it = rows_.erase(it);
+          ++this_batch;
+        } else {
+          ++it;
+        }
+      }
+      deleted += this_batch;
+      if (this_batch < batch || batch == 0) return deleted;
+    }
+  }
+
   /// Every stored row (test inspection).
   std::vector<Record> records() const {
     std::lock_guard lock(mutex_);
@@ -196,6 +268,10 @@ class MemoryStore {
   CommitStatus settle(const Key& key, std::int64_t fence, RecordStatus status,
                       std::string_view reason) {
     std::lock_guard lock(mutex_);
+    // Repeated under the same fence after it landed: the same answer, nothing written again.
+    auto it = rows_.find(key);
+    if (it != rows_.end() && it->second.status == status && it->second.fence == fence)
+      return CommitStatus::committed;
     Record* row = holder(key, fence);
     if (row == nullptr) return CommitStatus::lost_lease;
     row->status = status;
@@ -207,8 +283,10 @@ class MemoryStore {
   Clock clock_;
   mutable std::mutex mutex_;
   std::unordered_map<Key, Record, KeyHash> rows_;
+  std::vector<Mismatch> mismatches_;
 };
 
 static_assert(store<MemoryStore>);
+static_assert(monitored_store<MemoryStore>);
 
 }  // namespace idemgate

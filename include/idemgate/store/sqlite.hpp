@@ -2,6 +2,7 @@
 
 #include "../concepts.hpp"
 #include "../record.hpp"
+#include "../signals.hpp"
 
 #include <sqlite3.h>
 
@@ -84,10 +85,12 @@ inline std::string advice(int code, std::string_view message) {
              "in it.";
     case SQLITE_IOERR:
       return "The disk reported an I/O error: check the disk and the filesystem.";
+    case SQLITE_CONSTRAINT:
+      return "A constraint refused the row: fix the statement or the data; nothing was written.";
     case SQLITE_ERROR:
       if (message.starts_with("no such table"))
-        return "The idempotency log is missing: call SqliteStore::migrate() once, or create it "
-               "with SqliteStore::schema_sql().";
+        return "A table is missing: for the idempotency log, call SqliteStore::migrate() once "
+               "(or apply SqliteStore::schema_sql()); for a business table, create it.";
       break;
     default:
       break;
@@ -297,9 +300,9 @@ inline bool is_identifier(std::string_view name) {
 inline std::string checked_table_name(std::string table) {
   if (!is_identifier(table))
     throw std::invalid_argument("idemgate: \"" + table +
-                                "\" is not a usable SQLite table name; use 1 to 63 letters, "
-                                "digits and underscores, starting with a letter (SQLite has no "
-                                "schemas: attach nothing, qualify nothing)");
+                                "\" is not a usable SQLite table name; use a plain name (not "
+                                "schema.table) of 1 to 63 letters, digits and underscores, "
+                                "starting with a letter or an underscore");
   std::string lower = table;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](char c) {
     return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -319,10 +322,23 @@ inline std::int64_t to_micros(std::chrono::milliseconds d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
+/// The lease end of a released row: before every instant the clock can give.
+inline constexpr std::int64_t ended_lease = std::numeric_limits<std::int64_t>::min();
+
+/// Microseconds since the epoch as a time point; values past what the clock's duration holds
+/// (such as `ended_lease`) saturate to the clock's minimum or maximum instead of overflowing.
 inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
-  return std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-          std::chrono::microseconds(micros)));
+  using time_point = std::chrono::system_clock::time_point;
+  constexpr std::int64_t lowest =
+      std::chrono::duration_cast<std::chrono::microseconds>(time_point::min().time_since_epoch())
+          .count();
+  constexpr std::int64_t highest =
+      std::chrono::duration_cast<std::chrono::microseconds>(time_point::max().time_since_epoch())
+          .count();
+  if (micros <= lowest) return time_point::min();
+  if (micros >= highest) return time_point::max();
+  return time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      std::chrono::microseconds(micros)));
 }
 
 }  // namespace detail::sqlite
@@ -397,7 +413,8 @@ class SqliteTransaction {
  * wrong answer. Open stores after `fork()`, never before, and keep the file on a local disk (WAL
  * needs shared memory, which network filesystems lack).
  *
- * Timestamps are stored as integer microseconds since the Unix epoch.
+ * Timestamps are stored as integer microseconds since the Unix epoch. It also reports the
+ * gate's health signals and purges finished rows (`monitored_store`, see `Retention`).
  *
  * Example:
  *   idemgate::SqliteStore store{"/var/lib/app/idemgate.db", {.busy_timeout = 3s}};
@@ -430,7 +447,8 @@ class SqliteStore {
   SqliteStore(const SqliteStore&) = delete;
   SqliteStore& operator=(const SqliteStore&) = delete;
 
-  /// The schema for a table name: the log, its constraints and the partial in-flight index.
+  /// The schema for a table name: the log with its constraints and indexes, and the
+  /// `<table>_mismatches` table.
   [[nodiscard]] static std::string schema_sql(const std::string& table = "idemgate_log") {
     const std::string t = detail::sqlite::checked_table_name(table);
     return "CREATE TABLE IF NOT EXISTS " + t +
@@ -446,19 +464,42 @@ class SqliteStore {
            "  request     BLOB    NOT NULL,\n"
            "  result      BLOB,\n"
            "  reason      TEXT,\n"
+           "  duplicates  INTEGER NOT NULL DEFAULT 0,  -- reservations that met this key\n"
            "  created_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
            "  updated_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
            "  CHECK (status <> 'committed' OR result IS NOT NULL)\n"
+           ");\n" +
+           indexes_sql(t) +
+           "-- Downstream answers that differed from the stored one (healthy: empty).\n" +
+           "CREATE TABLE IF NOT EXISTS " + t +
+           "_mismatches (\n"
+           "  key         BLOB    NOT NULL CHECK (typeof(key) = 'blob' AND length(key) = 32),\n"
+           "  stored      BLOB    NOT NULL,\n"
+           "  observed    BLOB    NOT NULL,\n"
+           "  source      TEXT    NOT NULL,\n"
+           "  at          INTEGER NOT NULL   -- microseconds since the Unix epoch\n"
            ");\n"
            "CREATE INDEX IF NOT EXISTS " +
-           t + "_in_flight ON " + t + " (lease_until) WHERE status = 'in_flight';\n";
+           t + "_mismatches_at ON " + t + "_mismatches (at);\n";
   }
 
-  /// Creates the table and index if missing. Idempotent and safe from several processes at once.
+  /// Creates the tables and indexes if missing, and adds the `duplicates` column to a log made
+  /// by an earlier version. Idempotent and safe from several processes at once.
   void migrate() {
     std::lock_guard lock(mutex_);
     run("creating the idemgate table", nullptr, [&] {
       begin();
+      // An earlier log lacks the duplicates column; CREATE TABLE IF NOT EXISTS would keep it so.
+      const bool upgrade = detail::sqlite::query_int(db_.get(),
+                                                     "SELECT EXISTS (SELECT 1 FROM "
+                                                     "pragma_table_info(?1)) AND NOT EXISTS "
+                                                     "(SELECT 1 FROM pragma_table_info(?1) "
+                                                     "WHERE name = 'duplicates')",
+                                                     table_)
+                               .value_or(0) != 0;
+      if (upgrade)
+        detail::sqlite::exec(db_.get(), "ALTER TABLE " + table_ +
+                                            " ADD COLUMN duplicates INTEGER NOT NULL DEFAULT 0");
       const std::string schema = schema_sql(table_);
       char* error = nullptr;
       const int code = sqlite3_exec(db_.get(), schema.c_str(), nullptr, nullptr, &error);
@@ -469,8 +510,8 @@ class SqliteStore {
     });
   }
 
-  /// Inserts the key as in flight in one statement, takes over an expired lease with a fence
-  /// bump, or reports what is stored; all in one write transaction.
+  /// Inserts the key as in flight, or counts a duplicate and reports what is stored, in one
+  /// statement; takes over an expired lease with a fence bump. All in one write transaction.
   Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
                       std::chrono::milliseconds lease) {
     const SqliteBlob fingerprint_blob{
@@ -480,37 +521,35 @@ class SqliteStore {
       const std::int64_t now = now_micros();
       const std::int64_t until = now + detail::sqlite::to_micros(lease);
       begin();
+      Reservation found;
+      bool take_over = false;
       {
-        auto& insert = statement(sql_.reserve);
-        detail::sqlite::ResetGuard guard(insert);
-        insert.bind("reserving a key", key, until, fingerprint_blob, SqliteBlob{request}, now);
-        if (insert.step("reserving a key")) {
-          const std::int64_t fence = insert.int64(0);
-          insert.reset();
+        auto& upsert = statement(sql_.reserve);
+        detail::sqlite::ResetGuard guard(upsert);
+        upsert.bind("reserving a key", key, until, fingerprint_blob, SqliteBlob{request}, now);
+        if (!upsert.step("reserving a key"))
+          throw StoreError("idemgate: the reservation of key " + key.hex() + " in " + table_ +
+                           " returned no row; check the table's PRIMARY KEY (compare it with "
+                           "SqliteStore::schema_sql())");
+        // A new row starts at 0 duplicates; a row that was met has at least 1 after the update.
+        if (upsert.int64(0) == 0) {
+          const std::int64_t fence = upsert.int64(1);
+          upsert.reset();
           end("reserving a key");
           return Reservation::acquired(fence);
         }
+        const std::string stored_fingerprint = upsert.bytes(3);
+        const bool same =
+            stored_fingerprint.size() == fingerprint.size() &&
+            std::memcmp(stored_fingerprint.data(), fingerprint.data(), fingerprint.size()) == 0;
+        found = Reservation::existing(upsert.int64(1), parse_record_status(upsert.bytes(2)), same,
+                                      upsert.bytes(5), upsert.bytes(6));
+        take_over = found.status == RecordStatus::in_flight && same && upsert.int64(4) < now;
       }
-      auto& read = statement(sql_.read);
-      detail::sqlite::ResetGuard guard(read);
-      read.bind("reading a reservation", key);
-      if (!read.step("reading a reservation"))
-        throw StoreError("idemgate: key " + key.hex() + " conflicted in " + table_ +
-                         " but cannot be read back; check the table's PRIMARY KEY (compare it "
-                         "with SqliteStore::schema_sql())");
-      const std::int64_t fence = read.int64(0);
-      const RecordStatus status = parse_record_status(read.bytes(1));
-      const std::string stored_fingerprint = read.bytes(2);
-      const bool same =
-          stored_fingerprint.size() == fingerprint.size() &&
-          std::memcmp(stored_fingerprint.data(), fingerprint.data(), fingerprint.size()) == 0;
-      const bool lease_live = read.int64(3) >= now;
-      Reservation found = Reservation::existing(fence, status, same, read.bytes(4), read.bytes(5));
-      read.reset();
-      if (status == RecordStatus::in_flight && same && !lease_live) {
+      if (take_over) {
         auto& take = statement(sql_.take_over);
-        detail::sqlite::ResetGuard take_guard(take);
-        take.bind("taking over a lease", key, fence, until, now);
+        detail::sqlite::ResetGuard guard(take);
+        take.bind("taking over a lease", key, found.fence, until, now);
         if (take.step("taking over a lease")) {
           const std::int64_t taken = take.int64(0);
           take.reset();
@@ -518,7 +557,8 @@ class SqliteStore {
           return Reservation::taken_over(taken);
         }
       }
-      rollback();
+      // The duplicate counted above is kept.
+      end("reserving a key");
       return found;
     });
   }
@@ -560,14 +600,17 @@ class SqliteStore {
     return settle(sql_.escalate, "escalating", key, fence, reason, RecordStatus::escalated);
   }
 
-  /// Deletes an in-flight reservation this caller holds, so the next delivery can take it.
+  /// Gives back an in-flight reservation this caller holds after a transient failure: the row
+  /// stays in flight and its lease ends now, so the next delivery takes the key over at once
+  /// (with a higher fence). False when the fence no longer holds.
   bool release(const Key& key, std::int64_t fence) {
     std::lock_guard lock(mutex_);
     return run("releasing a key", &key, [&] {
       begin();
-      const bool deleted = change(sql_.release, "releasing a key", key, fence) > 0;
+      const bool released = change(sql_.release, "releasing a key", key, fence,
+                                   detail::sqlite::ended_lease, now_micros()) > 0;
       end("releasing a key");
-      return deleted;
+      return released;
     });
   }
 
@@ -637,6 +680,91 @@ class SqliteStore {
     });
   }
 
+  /// The three signals over the events reserved in the last `window`, read in one statement (one
+  /// consistent snapshot).
+  StoreSignals signals(std::chrono::seconds window) {
+    std::lock_guard lock(mutex_);
+    return run("reading the signals", nullptr, [&] {
+      const std::int64_t now = now_micros();
+      const std::int64_t since =
+          now - std::chrono::duration_cast<std::chrono::microseconds>(window).count();
+      auto& read = statement(sql_.signals);
+      detail::sqlite::ResetGuard guard(read);
+      read.bind("reading the signals", since);
+      if (!read.step("reading the signals"))
+        throw StoreError("idemgate: the signals query of " + table_ + " returned no row");
+      StoreSignals s;
+      s.window = window;
+      s.duplicates = read.int64(1);
+      s.events = read.int64(0) + s.duplicates;
+      s.in_flight = read.int64(2);
+      if (!read.is_null(3))
+        s.oldest_in_flight = std::chrono::duration_cast<std::chrono::seconds>(
+            std::chrono::microseconds(now - read.int64(3)));
+      s.escalated = read.int64(4);
+      s.mismatched_keys = read.int64(5);
+      s.mismatches_total = read.int64(6);
+      return s;
+    });
+  }
+
+  /// Keeps a downstream answer that differed from the stored one (`source`: where it was seen,
+  /// such as "lost_lease" or "reconciler").
+  void record_mismatch(const Key& key, std::string_view stored, std::string_view observed,
+                       std::string_view source) {
+    std::lock_guard lock(mutex_);
+    run("recording a mismatch", &key, [&] {
+      begin();
+      change(sql_.record_mismatch, "recording a mismatch", key, SqliteBlob{stored},
+             SqliteBlob{observed}, source, now_micros());
+      end("recording a mismatch");
+      return 0;
+    });
+  }
+
+  /// Up to `limit` recorded mismatches, newest first.
+  std::vector<Mismatch> mismatches(std::size_t limit) {
+    std::lock_guard lock(mutex_);
+    return run("listing mismatches", nullptr, [&] {
+      auto& list = statement(sql_.mismatches);
+      detail::sqlite::ResetGuard guard(list);
+      list.bind("listing mismatches", sql_limit(limit));
+      std::vector<Mismatch> found;
+      while (list.step("listing mismatches"))
+        found.push_back({key_from(list.bytes(0)), list.bytes(1), list.bytes(2), list.bytes(3),
+                         detail::sqlite::from_micros(list.int64(4))});
+      return found;
+    });
+  }
+
+  /**
+   * Deletes committed and failed rows reserved more than `older_than` ago, never in-flight or
+   * escalated rows, and returns how many it deleted. Each batch of at most `batch` rows is its
+   * own short write transaction, so workers (threads and processes) reserve between batches.
+   *
+   * Example:
+   *   store.purge(std::chrono::days(7), 1000);  // or let idemgate::Retention call it
+   */
+  std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
+    std::size_t deleted = 0;
+    if (batch == 0) return deleted;
+    for (;;) {
+      std::lock_guard lock(mutex_);
+      const std::int64_t n = run("purging finished rows", nullptr, [&] {
+        const std::int64_t cutoff =
+            now_micros() -
+            std::chrono::duration_cast<std::chrono::microseconds>(older_than).count();
+        begin();
+        const std::int64_t changed =
+            change(sql_.purge, "purging finished rows", cutoff, sql_limit(batch));
+        end("purging finished rows");
+        return changed;
+      });
+      deleted += static_cast<std::size_t>(n);
+      if (static_cast<std::size_t>(n) < batch) return deleted;
+    }
+  }
+
   /// The database file's path as given.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
   /// The table this store writes.
@@ -646,21 +774,36 @@ class SqliteStore {
 
  private:
   struct Statements {
-    std::string reserve, read, take_over, commit, fail, escalate, release, find, take_stale,
-        escalated, resolve, settled;
+    std::string reserve, take_over, commit, fail, escalate, release, find, take_stale, escalated,
+        resolve, settled, signals, record_mismatch, mismatches, purge;
   };
+
+  static std::string indexes_sql(const std::string& t) {
+    return "-- Stranded work: the reconciler's scan, the in-flight count and the oldest row.\n"
+           "CREATE INDEX IF NOT EXISTS " +
+           t + "_in_flight ON " + t +
+           " (lease_until) WHERE status = 'in_flight';\n"
+           "-- The manual queue and its count.\n"
+           "CREATE INDEX IF NOT EXISTS " +
+           t + "_escalated ON " + t +
+           " (updated_at) WHERE status = 'escalated';\n"
+           "-- Retention and the signals' window.\n"
+           "CREATE INDEX IF NOT EXISTS " +
+           t + "_created ON " + t + " (created_at);\n";
+  }
 
   static Statements statements(const std::string& t) {
     const std::string columns =
         "key, status, fence, request, fingerprint, result, reason, created_at, updated_at, "
-        "lease_until";
+        "lease_until, duplicates";
     Statements s;
+    // A new key is inserted; a key that exists counts the duplicate and returns the stored row:
+    // one statement either way, so no reservation goes uncounted.
     s.reserve = "INSERT INTO " + t +
-                " (key, status, fence, lease_until, fingerprint, request, created_at, updated_at)"
-                " VALUES (?1, 'in_flight', 1, ?2, ?3, ?4, ?5, ?5)"
-                " ON CONFLICT (key) DO NOTHING RETURNING fence";
-    s.read = "SELECT fence, status, fingerprint, lease_until, result, reason FROM " + t +
-             " WHERE key = ?1";
+                " (key, status, fence, lease_until, fingerprint, request, duplicates, created_at,"
+                " updated_at) VALUES (?1, 'in_flight', 1, ?2, ?3, ?4, 0, ?5, ?5)"
+                " ON CONFLICT (key) DO UPDATE SET duplicates = duplicates + 1"
+                " RETURNING duplicates, fence, status, fingerprint, lease_until, result, reason";
     s.take_over = "UPDATE " + t +
                   " SET fence = fence + 1, lease_until = ?3, updated_at = ?4"
                   " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2 AND lease_until < ?4"
@@ -674,7 +817,12 @@ class SqliteStore {
     s.escalate = "UPDATE " + t +
                  " SET status = 'escalated', reason = ?3, updated_at = ?4"
                  " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
-    s.release = "DELETE FROM " + t + " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
+    // The row stays: its lease ends, so the next delivery takes it over with a higher fence (a
+    // worker still holding the old fence can never commit), and if no delivery comes back the
+    // reconciler finishes the event.
+    s.release = "UPDATE " + t +
+                " SET lease_until = ?3, updated_at = ?4"
+                " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
     s.find = "SELECT " + columns + " FROM " + t + " WHERE key = ?1";
     s.take_stale = "UPDATE " + t +
                    " SET fence = fence + 1, lease_until = ?3, updated_at = ?1"
@@ -689,6 +837,30 @@ class SqliteStore {
                 " SET status = 'committed', result = ?2, updated_at = ?3"
                 " WHERE key = ?1 AND status = 'escalated'";
     s.settled = "SELECT status, fence FROM " + t + " WHERE key = ?1";
+    s.signals =
+        "SELECT w.events, w.duplicates, f.n, f.oldest, e.n, m.keys, a.n FROM"
+        " (SELECT count(*) AS events, coalesce(sum(duplicates), 0) AS duplicates FROM " +
+        t +
+        " WHERE created_at >= ?1) AS w,"
+        " (SELECT count(*) AS n, min(created_at) AS oldest FROM " +
+        t +
+        " WHERE status = 'in_flight') AS f,"
+        " (SELECT count(*) AS n FROM " +
+        t +
+        " WHERE status = 'escalated') AS e,"
+        " (SELECT count(DISTINCT key) AS keys FROM " +
+        t +
+        "_mismatches WHERE at >= ?1) AS m,"
+        " (SELECT count(*) AS n FROM " +
+        t + "_mismatches) AS a";
+    s.record_mismatch = "INSERT INTO " + t +
+                        "_mismatches (key, stored, observed, source, at)"
+                        " VALUES (?1, ?2, ?3, ?4, ?5)";
+    // rowid breaks ties between mismatches recorded in the same microsecond.
+    s.mismatches = "SELECT key, stored, observed, source, at FROM " + t +
+                   "_mismatches ORDER BY at DESC, rowid DESC LIMIT ?1";
+    s.purge = "DELETE FROM " + t + " WHERE key IN (SELECT key FROM " + t +
+              " WHERE created_at < ?1 AND status IN ('committed', 'failed') LIMIT ?2)";
     return s;
   }
 
@@ -873,6 +1045,7 @@ class SqliteStore {
     record.created_at = detail::sqlite::from_micros(row.int64(7));
     record.updated_at = detail::sqlite::from_micros(row.int64(8));
     record.lease_until = detail::sqlite::from_micros(row.int64(9));
+    record.duplicates = row.int64(10);
     return record;
   }
 
@@ -887,5 +1060,6 @@ class SqliteStore {
 };
 
 static_assert(store<SqliteStore>);
+static_assert(monitored_store<SqliteStore>);
 
 }  // namespace idemgate

@@ -1,0 +1,334 @@
+// The gate on PostgreSQL, each policy beside the baseline it is compared to:
+//   postgres/gate            one gated event (no-op downstream, 1 worker, durable reservation)
+//   postgres/gate_relaxed    the same with PostgresOptions::relaxed_reservations
+//   postgres/gate_batch10    process_batch of 10 new events (figures per event)
+//   postgres/bare_insert     the business INSERT alone in its own transaction, same driver
+//   postgres/hand_loop       the gate's own statements (PostgresStore::statements), same
+//                            transactions, written by hand against libpqxx
+//   postgres/duplicate       a redelivery of a committed event (one round trip)
+//   postgres/duplicate_cached the same with GateOptions::cache_capacity (no round trip)
+//   postgres/gate_4_workers  4 threads sharing one gate over a pool of 4 connections
+//   postgres/reserve         the reservation alone, on --growth-table (reserve cost vs size)
+// Latencies are per event (p50_us, p99_us); throughput is events_per_s.
+//
+// Flags: --pg=URI (required), --events=N per latency run, --worker-events=N per thread,
+// --growth-table=NAME; plus Google Benchmark's own (--benchmark_filter, --benchmark_out, ...).
+
+#include "postgres_workload.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/store/postgres.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace pg = idemgate::bench::pg;
+using idemgate::bench::Latencies;
+using idemgate::bench::NoopDownstream;
+
+// The business write as the gate calls it.
+struct BusinessWrite {
+  void operator()(pqxx::work& tx, const idemgate::Key& key, const std::string&,
+                  const std::string& outcome) const {
+    pg::write_business(tx, key, outcome);
+  }
+};
+
+using PgGate = idemgate::Gate<idemgate::PostgresStore, NoopDownstream, BusinessWrite>;
+
+// A store over the benchmark's log whose every pooled connection has the business INSERT
+// prepared, and a gate over it.
+struct GatedStore {
+  GatedStore(const std::string& uri, idemgate::PostgresOptions options,
+             idemgate::GateOptions gate_options = {})
+      : pool_size_(options.pool_size),
+        store(uri, std::move(options)),
+        gate(store, downstream, BusinessWrite{}, gate_options) {
+    store.migrate();
+    std::vector<idemgate::detail::ConnectionPool::Lease> leases;
+    for (std::size_t i = 0; i < pool_size(); ++i) {
+      leases.push_back(store.connection());
+      if (i == 0) {
+        pqxx::nontransaction tx(leases.back().connection());
+        idemgate::detail::pq::exec(tx, pg::business_schema_sql());
+      }
+      idemgate::detail::pq::prepare(leases.back().connection(), pg::business_statement,
+                                    pg::business_insert_sql());
+    }
+  }
+  [[nodiscard]] std::size_t pool_size() const { return pool_size_; }
+
+  std::size_t pool_size_ = 0;
+  idemgate::PostgresStore store;
+  NoopDownstream downstream;
+  PgGate gate;
+};
+
+struct Settings {
+  std::string uri;
+  std::int64_t events = 1000;
+  std::int64_t worker_events = 1000;
+  std::string growth_table;
+};
+
+Settings settings;
+
+idemgate::PostgresOptions store_options(std::size_t pool_size) {
+  idemgate::PostgresOptions options;
+  options.table = pg::log_table;
+  options.pool_size = pool_size;
+  return options;
+}
+
+// Built on first use, once per process, outside every timed loop.
+GatedStore& durable_gate() {
+  static GatedStore gated(settings.uri, store_options(1));
+  return gated;
+}
+
+GatedStore& relaxed_gate() {
+  static GatedStore gated(settings.uri, [] {
+    idemgate::PostgresOptions options = store_options(1);
+    options.relaxed_reservations = true;
+    return options;
+  }());
+  return gated;
+}
+
+GatedStore& cached_gate() {
+  idemgate::GateOptions options;
+  options.cache_capacity = 10'000;
+  static GatedStore gated(settings.uri, store_options(1), options);
+  return gated;
+}
+
+GatedStore& worker_gate() {
+  static GatedStore gated(settings.uri, store_options(4));
+  return gated;
+}
+
+// Runs a benchmark body; a failure marks the run failed instead of ending the process.
+template <class Body>
+void guarded(benchmark::State& state, Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void expect_processed(const idemgate::Result<std::string>& result) {
+  if (result.status() != idemgate::Status::processed)
+    throw std::runtime_error("unexpected result: " + std::string(to_string(result.status())) +
+                             " (" + result.reason() + ")");
+}
+
+void gated_event(benchmark::State& state, GatedStore& (*gated)()) {
+  guarded(state, [&] {
+    PgGate& gate = gated().gate;
+    idemgate::bench::KeySource keys;
+    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
+    for (auto _ : state) {
+      const idemgate::Key key = keys.next("bench.gate");
+      latencies.time([&] {
+        auto result = gate.process(key, idemgate::bench::request());
+        benchmark::DoNotOptimize(result);
+        expect_processed(result);
+      });
+    }
+    latencies.report(state);
+  });
+}
+
+// Batches of 10 new events; p50_us and p99_us are per event (a batch's time divided by 10).
+void gated_batch(benchmark::State& state) {
+  guarded(state, [&] {
+    constexpr std::size_t batch_size = 10;
+    PgGate& gate = durable_gate().gate;
+    idemgate::bench::KeySource keys;
+    std::vector<idemgate::BatchMessage<std::string>> batch(batch_size);
+    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
+    std::size_t message = 0;
+    for (auto _ : state) {
+      for (auto& m : batch)
+        m = {"m-" + std::to_string(++message), keys.next("bench.batch"),
+             idemgate::bench::request()};
+      latencies.time([&] {
+        auto result = gate.process_batch(batch);
+        benchmark::DoNotOptimize(result);
+        for (const auto& item : result.items()) expect_processed(item.result);
+      });
+    }
+    latencies.report(state, batch_size);
+    state.counters["events_per_batch"] = batch_size;
+  });
+}
+
+// A redelivery of an event already committed: one round trip, or none from the cache.
+void duplicate(benchmark::State& state, GatedStore& (*gated)()) {
+  guarded(state, [&] {
+    PgGate& gate = gated().gate;
+    idemgate::bench::KeySource keys;
+    const idemgate::Key key = keys.next("bench.duplicate");
+    expect_processed(gate.process(key, idemgate::bench::request()));
+    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
+    for (auto _ : state) {
+      latencies.time([&] {
+        auto result = gate.process(key, idemgate::bench::request());
+        benchmark::DoNotOptimize(result);
+        if (result.status() != idemgate::Status::duplicate)
+          throw std::runtime_error("a redelivery was not answered as a duplicate");
+      });
+    }
+    latencies.report(state);
+  });
+}
+
+void bare_insert(benchmark::State& state) {
+  guarded(state, [&] {
+    pqxx::connection connection(settings.uri);
+    idemgate::detail::pq::prepare(connection, pg::business_statement, pg::business_insert_sql());
+    const std::string result = idemgate::bench::outcome();
+    idemgate::bench::KeySource keys;
+    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
+    for (auto _ : state) {
+      const idemgate::Key key = keys.next("bench.bare");
+      latencies.time([&] {
+        pqxx::work tx(connection);
+        pg::write_business(tx, key, result);
+        tx.commit();
+      });
+    }
+    latencies.report(state);
+  });
+}
+
+// What a careful programmer writes without the library: the same prepared statements, the same
+// parameters, the same two transactions (the reservation in autocommit, then BEGIN / fenced
+// UPDATE / business INSERT / COMMIT), on one connection of the same driver.
+void hand_loop(benchmark::State& state) {
+  guarded(state, [&] {
+    durable_gate();  // the schema exists
+    const auto sql = idemgate::PostgresStore::statements(pg::log_table);
+    pqxx::connection connection(settings.uri);
+    idemgate::detail::pq::prepare(connection, "idemgate_reserve", sql.reserve);
+    idemgate::detail::pq::prepare(connection, "idemgate_commit", sql.commit);
+    idemgate::detail::pq::prepare(connection, pg::business_statement, pg::business_insert_sql());
+    const std::string request = pg::request_bytes();
+    const std::string request_param = pg::bytea_text(request);
+    const std::string result = pg::outcome_bytes();
+    const std::string result_param = pg::bytea_text(result);
+    const std::int64_t lease_ms = pg::lease_ms();
+    idemgate::bench::KeySource keys;
+    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
+    for (auto _ : state) {
+      const idemgate::Key key = keys.next("bench.hand");
+      latencies.time([&] {
+        const auto fingerprint = idemgate::detail::sha256(request);
+        const std::string key_param = pg::bytea_text(key.view());
+        const std::string fingerprint_param =
+            pg::bytea_text({reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
+        std::int64_t fence = 0;
+        {
+          pqxx::nontransaction tx(connection);
+          const pqxx::result rows = idemgate::detail::pq::exec_prepared(
+              tx, "idemgate_reserve", key_param, fingerprint_param, request_param, lease_ms);
+          if (rows.empty() || !rows[0][0].as<bool>())
+            throw std::runtime_error("the hand loop met an existing key");
+          fence = rows[0][1].as<std::int64_t>();
+        }
+        pqxx::work tx(connection);
+        const pqxx::result updated = idemgate::detail::pq::exec_prepared(
+            tx, "idemgate_commit", key_param, fence, result_param);
+        if (updated.affected_rows() != 1) throw std::runtime_error("the hand loop lost a fence");
+        pg::write_business(tx, key, idemgate::bench::outcome());
+        tx.commit();
+      });
+    }
+    latencies.report(state);
+  });
+}
+
+void gate_workers(benchmark::State& state) {
+  guarded(state, [&] {
+    PgGate& gate = worker_gate().gate;
+    idemgate::bench::KeySource keys;
+    for (auto _ : state) {
+      auto result = gate.process(keys.next("bench.workers"), idemgate::bench::request());
+      benchmark::DoNotOptimize(result);
+      expect_processed(result);
+    }
+    state.counters["events_per_s"] =
+        benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  });
+}
+
+void reserve_only(benchmark::State& state) {
+  guarded(state, [&] {
+    static idemgate::PostgresStore store(settings.uri, [] {
+      idemgate::PostgresOptions options;
+      options.table = settings.growth_table;
+      return options;
+    }());
+    const std::string request = pg::request_bytes();
+    const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
+    const std::chrono::milliseconds lease(pg::lease_ms());
+    idemgate::bench::KeySource keys;
+    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
+    for (auto _ : state) {
+      const idemgate::Key key = keys.next("bench.reserve");
+      latencies.time([&] {
+        const idemgate::Reservation r = store.reserve(key, fingerprint, request, lease);
+        benchmark::DoNotOptimize(r);
+        if (r.kind != idemgate::Reservation::Kind::acquired)
+          throw std::runtime_error("the reservation met an existing key");
+      });
+    }
+    latencies.report(state);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const idemgate::bench::Flags flags(argc, argv, {"pg", "events", "worker-events", "growth-table"});
+  settings.uri = flags.text("pg");
+  if (settings.uri.empty()) {
+    std::cerr << "bench_postgres: pass --pg=postgresql://user@127.0.0.1:PORT/db (scripts/bench "
+                 "starts a server and passes it)\n";
+    return 2;
+  }
+  settings.events = flags.count("events", settings.events);
+  settings.worker_events = flags.count("worker-events", settings.worker_events);
+  settings.growth_table = flags.text("growth-table");
+
+  const auto latency = [](benchmark::internal::Benchmark* b) {
+    b->Iterations(settings.events)->UseRealTime()->Unit(benchmark::kMicrosecond);
+  };
+  latency(benchmark::RegisterBenchmark("postgres/gate", gated_event, &durable_gate));
+  latency(benchmark::RegisterBenchmark("postgres/gate_relaxed", gated_event, &relaxed_gate));
+  benchmark::RegisterBenchmark("postgres/gate_batch10", gated_batch)
+      ->Iterations(std::max<std::int64_t>(settings.events / 4, 10))
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
+  latency(benchmark::RegisterBenchmark("postgres/bare_insert", bare_insert));
+  latency(benchmark::RegisterBenchmark("postgres/hand_loop", hand_loop));
+  latency(benchmark::RegisterBenchmark("postgres/duplicate", duplicate, &durable_gate));
+  latency(benchmark::RegisterBenchmark("postgres/duplicate_cached", duplicate, &cached_gate));
+  benchmark::RegisterBenchmark("postgres/gate_4_workers", gate_workers)
+      ->Threads(4)
+      ->Iterations(settings.worker_events)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
+  if (!settings.growth_table.empty())
+    latency(benchmark::RegisterBenchmark("postgres/reserve", reserve_only));
+  return idemgate::bench::run_benchmarks(argc, argv);
+}

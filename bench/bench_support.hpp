@@ -1,0 +1,219 @@
+#pragma once
+
+// What every benchmark program shares: its own flags, per-event latency percentiles, resident
+// memory, unique keys, the no-op downstream, and the tab-separated results scripts/bench reads.
+// Core only: no database headers here.
+
+#include <idemgate/codec.hpp>
+#include <idemgate/key.hpp>
+#include <idemgate/outcome.hpp>
+
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idemgate::bench {
+
+/// The request every benchmarked event carries: the size of a typical slot claim.
+inline const std::string& request() {
+  static const std::string text = "MSKU7000037|2025-06-09T10:00/11:00|ECT Delta|import";
+  return text;
+}
+
+/// What the no-op downstream answers.
+inline const std::string& outcome() {
+  static const std::string text = "slot-4711";
+  return text;
+}
+
+/// A downstream that does nothing and answers at once, so only the gate and the store are timed.
+struct NoopDownstream {
+  /// The request type.
+  using request_type = std::string;
+  /// The outcome type.
+  using outcome_type = std::string;
+  /// It honours keys (a relaxed reservation requires it).
+  static constexpr bool honours_idempotency_key = true;
+  /// Answers the fixed outcome.
+  ClaimResult<std::string> claim(const std::string&, const Key&) { return outcome(); }
+};
+
+/// Unique keys: a tag unique to this process, and a counter. Keys never repeat across the
+/// processes and rounds of one run, so every event is a first delivery.
+class KeySource {
+ public:
+  KeySource()
+      : tag_(std::to_string(::getpid()) + "-" + std::to_string(sources_.fetch_add(1)) + "-" +
+             std::to_string(std::chrono::steady_clock::now().time_since_epoch().count())) {}
+  /// The next key under `scope`.
+  Key next(std::string_view scope) {
+    char digits[24];
+    const int n =
+        std::snprintf(digits, sizeof digits, "%llu", static_cast<unsigned long long>(++counter_));
+    return derive_key(scope, tag_, std::string_view(digits, static_cast<std::size_t>(n)));
+  }
+
+ private:
+  static inline std::atomic<std::uint64_t> sources_{0};
+  std::string tag_;
+  std::uint64_t counter_ = 0;
+};
+
+/// Per-event wall times of one benchmark run; reports percentiles as counters.
+class Latencies {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// Room for `expected` samples, so recording never allocates inside the timed loop.
+  explicit Latencies(std::size_t expected) { samples_.reserve(expected); }
+
+  /// Times one call of `work`.
+  template <class Work>
+  void time(Work&& work) {
+    const auto started = clock::now();
+    work();
+    samples_.push_back(clock::now() - started);
+  }
+
+  /// The `p`-th percentile (nearest rank) in microseconds, each sample divided by `per`.
+  [[nodiscard]] double percentile_us(double p, double per = 1.0) {
+    if (samples_.empty()) return 0.0;
+    std::sort(samples_.begin(), samples_.end());
+    const auto rank =
+        static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(samples_.size())));
+    const auto index = std::min(samples_.size() - 1, rank == 0 ? 0 : rank - 1);
+    return std::chrono::duration<double, std::micro>(samples_[index]).count() / per;
+  }
+
+  /// Sets `p50_us` and `p99_us` (per event: each sample divided by `events_per_sample`).
+  void report(benchmark::State& state, double events_per_sample = 1.0) {
+    state.counters["p50_us"] = percentile_us(50, events_per_sample);
+    state.counters["p99_us"] = percentile_us(99, events_per_sample);
+  }
+
+ private:
+  std::vector<clock::duration> samples_;
+};
+
+/// Resident memory of this process in KiB (from /proc/self/statm).
+inline double resident_kib() {
+  std::ifstream statm("/proc/self/statm");
+  long long size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return 0.0;
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1024.0;
+}
+
+/// Flags of a benchmark program (`--name=value`), taken out of argv before Google Benchmark
+/// parses the rest.
+class Flags {
+ public:
+  /// Removes every `--name=value` whose name is in `known` from argv.
+  Flags(int& argc, char** argv, std::initializer_list<std::string_view> known) {
+    int kept = 1;
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg(argv[i]);
+      bool taken = false;
+      for (std::string_view name : known) {
+        if (arg.size() > name.size() + 3 && arg.starts_with("--") &&
+            arg.substr(2, name.size()) == name && arg[name.size() + 2] == '=') {
+          values_[std::string(name)] = std::string(arg.substr(name.size() + 3));
+          taken = true;
+        }
+      }
+      if (!taken) argv[kept++] = argv[i];
+    }
+    argc = kept;
+  }
+
+  /// The flag's text, or `fallback`.
+  [[nodiscard]] std::string text(const std::string& name, std::string fallback = {}) const {
+    const auto it = values_.find(name);
+    return it == values_.end() ? fallback : it->second;
+  }
+
+  /// The flag as a positive count, or `fallback`.
+  [[nodiscard]] std::int64_t count(const std::string& name, std::int64_t fallback) const {
+    const auto it = values_.find(name);
+    if (it == values_.end()) return fallback;
+    const long long value = std::atoll(it->second.c_str());
+    if (value <= 0) throw std::invalid_argument("--" + name + " must be a positive count");
+    return value;
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+/// Writes each run as tab-separated lines `name, metric, value` (metrics: `real_us` and
+/// `cpu_us` per iteration, `iterations`, and every counter), for scripts/bench to aggregate.
+class TsvReporter : public benchmark::BenchmarkReporter {
+ public:
+  /// Nothing to say about the context.
+  bool ReportContext(const Context&) override { return true; }
+
+  /// One line per metric of each finished run; aggregates are left to the reader.
+  void ReportRuns(const std::vector<Run>& runs) override {
+    std::ostream& out = GetOutputStream();
+    for (const Run& run : runs) {
+      if (run.run_type != Run::RT_Iteration) continue;
+      const std::string& name = run.run_name.function_name;
+      if (run.error_occurred) {
+        out << name << "\terror\t" << run.error_message << '\n';
+        failed_ = true;
+        continue;
+      }
+      const double iterations = static_cast<double>(run.iterations);
+      out << name << "\titerations\t" << run.iterations << '\n';
+      out << name << "\treal_us\t" << run.real_accumulated_time * 1e6 / iterations << '\n';
+      out << name << "\tcpu_us\t" << run.cpu_accumulated_time * 1e6 / iterations << '\n';
+      for (const auto& [metric, counter] : run.counters)
+        out << name << '\t' << metric << '\t' << counter.value << '\n';
+    }
+    out.flush();
+  }
+
+  /// Whether any run reported an error.
+  [[nodiscard]] bool failed() const noexcept { return failed_; }
+
+ private:
+  bool failed_ = false;
+};
+
+/// Runs the registered benchmarks: the console shows them; `--benchmark_out=FILE` writes the
+/// tab-separated results. Returns the process's exit code (1 when a benchmark failed).
+inline int run_benchmarks(int argc, char** argv) {
+  bool to_file = false;
+  for (int i = 1; i < argc; ++i)
+    to_file |= std::string_view(argv[i]).starts_with("--benchmark_out=");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  benchmark::ConsoleReporter console;
+  TsvReporter tsv;
+  bool failed = false;
+  if (to_file) {
+    benchmark::RunSpecifiedBenchmarks(&console, &tsv);
+    failed = tsv.failed();
+  } else {
+    benchmark::RunSpecifiedBenchmarks(&console);
+  }
+  benchmark::Shutdown();
+  return failed ? 1 : 0;
+}
+
+}  // namespace idemgate::bench

@@ -1,0 +1,341 @@
+// Round trips counted at the server, batches, relaxed reservations and the duplicate cache.
+
+#include "support/fake_terminal.hpp"
+#include "support/postgres.hpp"
+#include "support/slot_request.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/store/memory.hpp>
+#include <idemgate/store/postgres.hpp>
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+using idemgate::BatchMessage;
+using idemgate::Gate;
+using idemgate::Key;
+using idemgate::MemoryStore;
+using idemgate::PostgresStore;
+using idemgate::RecordStatus;
+using idemgate::Status;
+using idemgate::test::FakeTerminal;
+using idemgate::test::SlotRequest;
+namespace pq = idemgate::detail::pq;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A database of its own, so statement counts at the server are this test's alone.
+class OwnDatabase {
+ public:
+  OwnDatabase() {
+    name_ = "rt_" + std::to_string(::getpid()) + "_" +
+            std::to_string(reinterpret_cast<std::uintptr_t>(this) % 100000);
+    idemgate::test::pg_exec("DROP DATABASE IF EXISTS " + name_);
+    idemgate::test::pg_exec("CREATE DATABASE " + name_);
+    const std::string base = idemgate::test::pg_uri();
+    uri_ = base.substr(0, base.rfind('/') + 1) + name_;
+  }
+  ~OwnDatabase() { idemgate::test::pg_exec("DROP DATABASE IF EXISTS " + name_ + " WITH (FORCE)"); }
+  const std::string& uri() const { return uri_; }
+  const std::string& name() const { return name_; }
+
+  void exec(const std::string& sql) const {
+    pqxx::connection c(uri_);
+    pqxx::nontransaction tx(c);
+    pq::exec(tx, sql);
+  }
+  std::int64_t count(const std::string& sql) const {
+    pqxx::connection c(uri_);
+    pqxx::nontransaction tx(c);
+    return pq::exec(tx, sql)[0][0].as<std::int64_t>();
+  }
+
+ private:
+  std::string name_, uri_;
+};
+
+/// Statements the server ran in one database since the last reset, by text.
+std::map<std::string, std::int64_t> statements_in(const OwnDatabase& db) {
+  std::map<std::string, std::int64_t> calls;
+  idemgate::test::pg_exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+  const auto rows = idemgate::test::pg_exec(
+      "SELECT query, calls FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database "
+      "WHERE datname = '" +
+      db.name() + "')");
+  for (const auto& row : rows) calls[row[0].c_str()] += row[1].as<std::int64_t>();
+  return calls;
+}
+
+std::int64_t total(const std::map<std::string, std::int64_t>& calls) {
+  std::int64_t n = 0;
+  for (const auto& [query, count] : calls) n += count;
+  return n;
+}
+
+std::string describe(const std::map<std::string, std::int64_t>& calls) {
+  std::string out;
+  for (const auto& [query, count] : calls) out += std::to_string(count) + "x " + query + "\n";
+  return out;
+}
+
+void reset_statement_counts() {
+  // The view and the reset live in whichever database has the extension; they cover all.
+  idemgate::test::pg_exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+  idemgate::test::pg_exec("SELECT pg_stat_statements_reset()");
+}
+
+auto booking(const std::string& table) {
+  return [table](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+    pq::exec_params(tx, "INSERT INTO " + table + " VALUES ($1::bytea, $2, $3)",
+                    pq::bytea_param(key.view()), r.container, slot);
+  };
+}
+
+}  // namespace
+
+TEST(RoundTrips, FirstDeliveryAddsTwoStatementsToTheBusinessWriteAndADuplicateCostsOne) {
+  ASSERT_FALSE(idemgate::test::pg_uri().empty());
+  OwnDatabase db;
+  db.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+  db.exec("CREATE TABLE bookings (source_event bytea, container text, slot text)");
+  PostgresStore store(db.uri());
+  store.migrate();
+  FakeTerminal<> terminal;
+  Gate gate{store, terminal, booking("bookings")};
+  ASSERT_EQ(gate.process(idemgate::derive_key("rt", "warm-up"), {"C0", "w"}).status(),
+            Status::processed);  // statements are prepared on first use
+
+  // The business write alone, in its own transaction, through the same driver.
+  {
+    auto lease = store.connection();
+    reset_statement_counts();
+    pqxx::work tx(lease.connection());
+    booking("bookings")(tx, idemgate::derive_key("rt", "bare"), {"C1", "w"}, "slot-x");
+    tx.commit();
+  }
+  const auto bare = statements_in(db);
+
+  reset_statement_counts();
+  ASSERT_EQ(gate.process(idemgate::derive_key("rt", "first"), {"C2", "w"}).status(),
+            Status::processed);
+  const auto first = statements_in(db);
+
+  reset_statement_counts();
+  ASSERT_EQ(gate.process(idemgate::derive_key("rt", "first"), {"C2", "w"}).status(),
+            Status::duplicate);
+  const auto duplicate = statements_in(db);
+
+  EXPECT_EQ(total(bare), 3) << describe(bare);
+  EXPECT_LE(total(first) - total(bare), 2) << describe(first);
+  EXPECT_EQ(total(duplicate), 1) << describe(duplicate);
+  for (const auto& [query, count] : first)
+    EXPECT_EQ(query.find("SELECT status, fence"), std::string::npos)
+        << "the happy path makes no extra reads:\n"
+        << describe(first);
+}
+
+TEST(RoundTrips, BatchOfTenReservesInOneStatementAndCommitsInOneTransaction) {
+  ASSERT_FALSE(idemgate::test::pg_uri().empty());
+  OwnDatabase db;
+  db.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+  db.exec("CREATE TABLE bookings (source_event bytea, container text, slot text)");
+  PostgresStore store(db.uri());
+  store.migrate();
+  FakeTerminal<> terminal;
+  Gate gate{store, terminal, booking("bookings")};
+  std::vector<BatchMessage<SlotRequest>> warm{{"m", idemgate::derive_key("b", "warm"), {"C", "w"}}};
+  (void)gate.process_batch(warm);
+
+  std::vector<BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 10; ++i)
+    batch.push_back({"msg-" + std::to_string(i),
+                     idemgate::derive_key("b", std::to_string(i)),
+                     {"C" + std::to_string(i), "w"}});
+  reset_statement_counts();
+  const auto result = gate.process_batch(batch);
+  const auto calls = statements_in(db);
+  for (const auto& item : result.items()) EXPECT_EQ(item.result.status(), Status::processed);
+  // One reservation, BEGIN, one fenced update, ten business inserts, COMMIT.
+  EXPECT_EQ(total(calls), 14) << describe(calls);
+  EXPECT_EQ(db.count("SELECT count(*) FROM bookings"), 11);
+}
+
+TEST(Batch, ResultsPerMessageWithDuplicatesInsideTheBatchAndRetryIds) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  int bookings = 0;
+  Gate gate{store, terminal,
+            [&](MemoryStore::transaction& tx, const SlotRequest&, const std::string&) {
+              tx.on_commit([&] { ++bookings; });
+            }};
+  const Key done = idemgate::derive_key("b", "done");
+  (void)gate.process(done, {"C0", "w"});
+  terminal.before = [](const SlotRequest& r,
+                       const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (r.container == "C503") return idemgate::TransientFailure{"503"};
+    if (r.container == "C422") return idemgate::PermanentFailure{"422"};
+    return std::nullopt;
+  };
+  const Key twice = idemgate::derive_key("b", "twice");
+  std::vector<BatchMessage<SlotRequest>> batch{
+      {"m1", twice, {"C1", "w"}},
+      {"m2", done, {"C0", "w"}},
+      {"m3", idemgate::derive_key("b", "503"), {"C503", "w"}},
+      {"m4", twice, {"C1", "w"}},
+      {"m5", idemgate::derive_key("b", "422"), {"C422", "w"}},
+      {"m6", idemgate::derive_key("b", "bad"), {"C\n", "w"}},
+  };
+  const auto result = gate.process_batch(batch);
+  ASSERT_EQ(result.items().size(), 6u);
+  EXPECT_EQ(result.items()[0].result.status(), Status::processed);
+  EXPECT_EQ(result.items()[1].result.status(), Status::duplicate);
+  EXPECT_EQ(result.items()[2].result.status(), Status::retry);
+  EXPECT_EQ(result.items()[3].result.status(), Status::duplicate);
+  EXPECT_EQ(result.items()[3].result.outcome(), result.items()[0].result.outcome());
+  EXPECT_EQ(result.items()[4].result.status(), Status::failed);
+  EXPECT_EQ(result.items()[5].result.status(), Status::failed) << "an unencodable request";
+  EXPECT_EQ(result.retry_ids(), std::vector<std::string>{"m3"});
+  EXPECT_EQ(bookings, 2);
+  EXPECT_EQ(terminal.slots_issued(), 2);
+}
+
+class PostgresBatch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    uri = idemgate::test::pg_uri();
+    ASSERT_FALSE(uri.empty());
+    log = idemgate::test::unique_table("blog");
+    bookings = idemgate::test::unique_table("bbook");
+    idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " +
+                            bookings);
+    idemgate::test::pg_exec("CREATE TABLE " + bookings +
+                            " (source_event bytea, container text, slot text)");
+  }
+  void TearDown() override {
+    if (!uri.empty())
+      idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " +
+                              bookings);
+  }
+  std::string uri, log, bookings;
+};
+
+TEST_F(PostgresBatch, BatchesFromFourThreadsWithOverlappingKeysClaimEachEventOnce) {
+  PostgresStore store(uri, {.table = log, .pool_size = 4});
+  store.migrate();
+  FakeTerminal<> terminal;
+  Gate gate{store, terminal, booking(bookings)};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w)
+    workers.emplace_back([&, w] {
+      for (int b = 0; b < 10; ++b) {
+        std::vector<BatchMessage<SlotRequest>> batch;
+        for (int i = 0; i < 10; ++i) {
+          const int event = (b * 10 + i + w * 3) % 60;  // the workers' batches overlap
+          batch.push_back({"w" + std::to_string(w) + "-" + std::to_string(i),
+                           idemgate::derive_key("batch", std::to_string(event)),
+                           {"C" + std::to_string(event), "w"}});
+        }
+        for (const auto& item : gate.process_batch(batch).items())
+          EXPECT_TRUE(item.result.should_ack()) << to_string(item.result.status());
+      }
+    });
+  for (auto& t : workers) t.join();
+  EXPECT_EQ(terminal.slots_issued(), 60);
+  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 60);
+  EXPECT_EQ(idemgate::test::pg_count("SELECT count(DISTINCT source_event) FROM " + bookings), 60);
+}
+
+TEST_F(PostgresBatch, OneRefusedBusinessWriteDoesNotTakeTheOthersDown) {
+  PostgresStore store(uri, {.table = log});
+  store.migrate();
+  FakeTerminal<> terminal;
+  Gate gate{store, terminal,
+            [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+              if (r.container == "REFUSED") throw std::runtime_error("TMS refused");
+              booking(bookings)(tx, key, r, slot);
+            }};
+  std::vector<BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 5; ++i)
+    batch.push_back({"m" + std::to_string(i),
+                     idemgate::derive_key("refuse", std::to_string(i)),
+                     {i == 2 ? "REFUSED" : "C" + std::to_string(i), "w"}});
+  const auto result = gate.process_batch(batch);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(result.items()[static_cast<std::size_t>(i)].result.status(),
+              i == 2 ? Status::retry : Status::processed)
+        << i;
+  EXPECT_EQ(result.retry_ids(), std::vector<std::string>{"m2"});
+  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 4);
+  EXPECT_EQ(store.find(idemgate::derive_key("refuse", "2"))->status, RecordStatus::in_flight);
+}
+
+TEST_F(PostgresBatch, RelaxedReservationsKeepExclusionAndCommitsDurable) {
+  PostgresStore store(uri, {.table = log, .pool_size = 4, .relaxed_reservations = true});
+  store.migrate();
+  EXPECT_TRUE(store.relaxed_reservations());
+  {
+    auto lease = store.connection();
+    pqxx::nontransaction tx(lease.connection());
+    EXPECT_EQ(std::string(pq::exec(tx, "SHOW synchronous_commit")[0][0].c_str()), "on")
+        << "commits stay durable";
+  }
+  FakeTerminal<> terminal;
+  terminal.set_delay(20ms);
+  Gate gate{store, terminal, booking(bookings)};
+  std::vector<std::thread> racers;
+  for (int t = 0; t < 8; ++t)
+    racers.emplace_back([&] {
+      (void)gate.process(idemgate::derive_key("relaxed", "1"), {"C", "w"});
+    });
+  for (auto& t : racers) t.join();
+  EXPECT_EQ(terminal.calls(), 1) << "exclusion is unchanged";
+  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 1);
+}
+
+TEST_F(PostgresBatch, RelaxedReservationsAreRefusedWhenTheDownstreamIgnoresKeys) {
+  PostgresStore store(uri, {.table = log, .relaxed_reservations = true});
+  FakeTerminal<false> blind;
+  auto make = [&] {
+    Gate gate{store, blind, booking(bookings)};
+    (void)gate;
+  };
+  EXPECT_THROW(make(), std::invalid_argument);
+}
+
+TEST(Cache, HotDuplicatesAreAnsweredWithoutTheStoreAndInFlightKeysAreNeverCached) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Gate gate{store,
+            terminal,
+            [](MemoryStore::transaction&, const SlotRequest&, const std::string&) {},
+            {.cache_capacity = 2}};
+  const Key a = idemgate::derive_key("cache", "a");
+  ASSERT_EQ(gate.process(a, {"A", "w"}).status(), Status::processed);
+  const auto before = store.find(a)->duplicates;
+  for (int i = 0; i < 5; ++i) {
+    const auto again = gate.process(a, {"A", "w"});
+    EXPECT_EQ(again.status(), Status::duplicate);
+    EXPECT_EQ(again.outcome(), "slot-1");
+  }
+  EXPECT_EQ(store.find(a)->duplicates, before) << "answered from the cache";
+  EXPECT_EQ(gate.process(a, {"A", "other"}).status(), Status::conflict);
+
+  // An in-flight key is asked of the store every time.
+  const Key b = idemgate::derive_key("cache", "b");
+  const std::string bytes = gate.encode_request({"B", "w"});
+  (void)store.reserve(b, idemgate::detail::sha256(bytes), bytes, 1min);
+  EXPECT_EQ(gate.process(b, {"B", "w"}).status(), Status::in_flight);
+  EXPECT_EQ(gate.process(b, {"B", "w"}).status(), Status::in_flight);
+  EXPECT_EQ(store.find(b)->duplicates, 2);
+
+  // The cache is bounded: the least recently used key falls out and is asked of the store.
+  (void)gate.process(idemgate::derive_key("cache", "c"), {"C", "w"});
+  (void)gate.process(idemgate::derive_key("cache", "d"), {"D", "w"});
+  (void)gate.process(a, {"A", "w"});
+  EXPECT_EQ(store.find(a)->duplicates, before + 1);
+}
