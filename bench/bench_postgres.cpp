@@ -49,12 +49,12 @@ using PgGate = idemgate::Gate<idemgate::PostgresStore, NoopDownstream, BusinessW
 struct GatedStore {
   GatedStore(const std::string& uri, idemgate::PostgresOptions options,
              idemgate::GateOptions gate_options = {})
-      : pool_size_(options.pool_size),
+      : pool_size(options.pool_size),
         store(uri, std::move(options)),
         gate(store, downstream, BusinessWrite{}, gate_options) {
     store.migrate();
     std::vector<idemgate::detail::ConnectionPool::Lease> leases;
-    for (std::size_t i = 0; i < pool_size(); ++i) {
+    for (std::size_t i = 0; i < pool_size; ++i) {
       leases.push_back(store.connection());
       if (i == 0) {
         pqxx::nontransaction tx(leases.back().connection());
@@ -64,9 +64,8 @@ struct GatedStore {
                                     pg::business_insert_sql());
     }
   }
-  [[nodiscard]] std::size_t pool_size() const { return pool_size_; }
 
-  std::size_t pool_size_ = 0;
+  std::size_t pool_size;
   idemgate::PostgresStore store;
   NoopDownstream downstream;
   PgGate gate;
@@ -241,14 +240,15 @@ void hand_loop(benchmark::State& state) {
           pqxx::nontransaction tx(connection);
           const pqxx::result rows = idemgate::detail::pq::exec_prepared(
               tx, "idemgate_reserve", key_param, fingerprint_param, request_param, lease_ms);
-          if (rows.empty() || !rows[0][0].as<bool>())
+          if (rows.empty() || !idemgate::detail::pq::bool_field(rows[0][0]))
             throw std::runtime_error("the hand loop met an existing key");
-          fence = rows[0][1].as<std::int64_t>();
+          fence = idemgate::detail::pq::int_field(rows[0][1]);
         }
         pqxx::work tx(connection);
         const pqxx::result updated = idemgate::detail::pq::exec_prepared(
             tx, "idemgate_commit", key_param, fence, result_param);
-        if (updated.affected_rows() != 1) throw std::runtime_error("the hand loop lost a fence");
+        if (idemgate::detail::pq::affected_rows(updated) != 1)
+          throw std::runtime_error("the hand loop lost a fence");
         pg::write_business(tx, key, idemgate::bench::outcome());
         tx.commit();
       });

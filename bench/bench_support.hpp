@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <map>
 #include <stdexcept>
@@ -58,6 +59,7 @@ struct NoopDownstream {
 /// processes and rounds of one run, so every event is a first delivery.
 class KeySource {
  public:
+  /// A source whose keys no other source (in this or another process) repeats.
   KeySource()
       : tag_(std::to_string(::getpid()) + "-" + std::to_string(sources_.fetch_add(1)) + "-" +
              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count())) {}

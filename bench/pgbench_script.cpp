@@ -17,9 +17,11 @@
 
 #include <idemgate/store/postgres.hpp>
 
+#include <cctype>
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 

@@ -3,7 +3,7 @@
 // table, every refusal (and that it wrote nothing), a crash the reconciler finishes, and 10,000
 // events with 30% replays.
 
-#include "prepaid_ledger/json.hpp"
+#include <common/json.hpp>
 #include "support/child_process.hpp"
 #include "support/postgres.hpp"
 
@@ -33,7 +33,7 @@
 
 namespace {
 
-namespace json = prepaid::json;
+namespace json = example::json;
 
 constexpr const char* secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 

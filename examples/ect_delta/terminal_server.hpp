@@ -13,6 +13,7 @@
 /// and a mode that ignores keys, like the terminal in the incident this library comes from.
 
 #include <httplib.h>
+#include <common/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -33,78 +34,8 @@
 
 namespace ect_delta {
 
-/// Just enough JSON for this API's flat objects of string fields; not a JSON parser.
-namespace json {
-
-/// The value of the string field `name` in the flat object `object`, unescaped; nullopt when it
-/// is missing, not a string, or uses an escape this helper does not know (`\u`, `\b`, `\f`).
-inline std::optional<std::string> string_field(std::string_view object, std::string_view name) {
-  const std::string token = '"' + std::string(name) + '"';
-  const auto skip_space = [&](std::size_t i) {
-    while (i < object.size() &&
-           (object[i] == ' ' || object[i] == '\t' || object[i] == '\n' || object[i] == '\r'))
-      ++i;
-    return i;
-  };
-  for (std::size_t at = object.find(token); at != std::string_view::npos;
-       at = object.find(token, at + 1)) {
-    std::size_t i = skip_space(at + token.size());
-    // A value equal to the name is followed by ',' or '}', not ':'.
-    if (i >= object.size() || object[i] != ':') continue;
-    i = skip_space(i + 1);
-    if (i >= object.size() || object[i] != '"') return std::nullopt;
-    std::string value;
-    for (++i; i < object.size(); ++i) {
-      const char c = object[i];
-      if (c == '"') return value;
-      if (c != '\\') {
-        value += c;
-        continue;
-      }
-      if (++i >= object.size()) return std::nullopt;
-      switch (object[i]) {
-        case '"':
-        case '\\':
-        case '/':
-          value += object[i];
-          break;
-        case 'n':
-          value += '\n';
-          break;
-        case 't':
-          value += '\t';
-          break;
-        case 'r':
-          value += '\r';
-          break;
-        default:
-          return std::nullopt;
-      }
-    }
-    return std::nullopt;
-  }
-  return std::nullopt;
-}
-
-/// `text` as a JSON string literal, quotes included.
-inline std::string quote(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + '"';
-}
-
-}  // namespace json
+/// The examples' minimal JSON (common/json.hpp).
+namespace json = example::json;
 
 /// One claimed slot.
 struct Slot {

@@ -21,7 +21,7 @@
 #include <idemgate/reconciler.hpp>
 #include <idemgate/webhook/contract.hpp>
 
-#include "json.hpp"
+#include <common/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -39,6 +39,8 @@
 #include <vector>
 
 namespace prepaid {
+
+namespace json = example::json;
 
 /// The event types this consumer handles; every other type is refused, never faked as done.
 inline const idemgate::EventContract& contract() {

@@ -10,7 +10,7 @@
 /// `GET /stats` counts the answers given (a duplicate ratio of zero under real traffic means the
 /// key derivation is broken; a high one means the sender misbehaves).
 
-#include "json.hpp"
+#include <common/json.hpp>
 #include "ledger.hpp"
 
 #include <idemgate/webhook/standard.hpp>

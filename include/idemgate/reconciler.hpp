@@ -1,18 +1,16 @@
 #pragma once
 
 #include "concepts.hpp"
+#include "detail/periodic.hpp"
 #include "gate.hpp"
 #include "outcome.hpp"
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <exception>
 #include <mutex>
 #include <optional>
-#include <stop_token>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -99,19 +97,22 @@ class Reconciler {
 
   /// Starts the background loop: a pass now, then one every `interval`, until `stop()`.
   void start() {
-    std::lock_guard lock(control_);
-    if (worker_.joinable()) return;
-    worker_ = std::jthread([this](std::stop_token stop) { loop(stop); });
+    worker_.start(options_.interval, [this] {
+      ReconcileReport report;
+      try {
+        report = run_once();
+      } catch (const std::exception& e) {
+        // The store is unreachable: try again next interval.
+        ++report.errors;
+        report.first_error = e.what();
+      }
+      std::lock_guard lock(report_mutex_);
+      last_ = report;
+    });
   }
 
   /// Stops the background loop and waits for the current pass to end.
-  void stop() {
-    std::lock_guard lock(control_);
-    if (!worker_.joinable()) return;
-    worker_.request_stop();
-    wake_.notify_all();
-    worker_.join();
-  }
+  void stop() { worker_.stop(); }
 
   /// The report of the background loop's latest pass.
   [[nodiscard]] ReconcileReport last_report() const {
@@ -203,33 +204,11 @@ class Reconciler {
     }
   }
 
-  void loop(std::stop_token stop) {
-    std::mutex sleep_mutex;
-    while (!stop.stop_requested()) {
-      ReconcileReport report;
-      try {
-        report = run_once();
-      } catch (const std::exception& e) {
-        // The store is unreachable: try again next interval.
-        ++report.errors;
-        report.first_error = e.what();
-      }
-      {
-        std::lock_guard lock(report_mutex_);
-        last_ = report;
-      }
-      std::unique_lock lock(sleep_mutex);
-      wake_.wait_for(lock, stop, options_.interval, [] { return false; });
-    }
-  }
-
   gate_type& gate_;
   ReconcilerOptions options_;
-  std::mutex control_;
-  std::condition_variable_any wake_;
   mutable std::mutex report_mutex_;
   ReconcileReport last_;
-  std::jthread worker_;
+  detail::PeriodicWorker worker_;
 };
 
 /// Deduces the reconciler's policies from its gate.

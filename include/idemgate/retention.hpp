@@ -1,16 +1,14 @@
 #pragma once
 
+#include "detail/periodic.hpp"
 #include "signals.hpp"
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <exception>
 #include <mutex>
-#include <stop_token>
 #include <string>
-#include <thread>
 
 namespace idemgate {
 
@@ -49,32 +47,19 @@ class Retention {
 
   /// Starts the background loop: a purge now, then one every `interval`, until `stop()`.
   void start() {
-    std::lock_guard lock(control_);
-    if (worker_.joinable()) return;
-    worker_ = std::jthread([this](std::stop_token stop) {
-      std::mutex sleep_mutex;
-      while (!stop.stop_requested()) {
-        try {
-          purged_ += run_once();
-        } catch (const std::exception& e) {
-          // The store is unreachable: try again next interval.
-          std::lock_guard error_lock(error_mutex_);
-          last_error_ = e.what();
-        }
-        std::unique_lock sleep_lock(sleep_mutex);
-        wake_.wait_for(sleep_lock, stop, options_.interval, [] { return false; });
+    worker_.start(options_.interval, [this] {
+      try {
+        purged_ += run_once();
+      } catch (const std::exception& e) {
+        // The store is unreachable: try again next interval.
+        std::lock_guard lock(error_mutex_);
+        last_error_ = e.what();
       }
     });
   }
 
   /// Stops the background loop and waits for the current purge to end.
-  void stop() {
-    std::lock_guard lock(control_);
-    if (!worker_.joinable()) return;
-    worker_.request_stop();
-    wake_.notify_all();
-    worker_.join();
-  }
+  void stop() { worker_.stop(); }
 
   /// Rows the background loop deleted so far.
   [[nodiscard]] std::size_t purged() const noexcept { return purged_.load(); }
@@ -88,12 +73,10 @@ class Retention {
  private:
   Store& store_;
   RetentionOptions options_;
-  std::mutex control_;
-  std::condition_variable_any wake_;
   std::atomic<std::size_t> purged_{0};
   mutable std::mutex error_mutex_;
   std::string last_error_;
-  std::jthread worker_;
+  detail::PeriodicWorker worker_;
 };
 
 }  // namespace idemgate

@@ -677,7 +677,9 @@ class PostgresStore {
   /// The table this store writes.
   [[nodiscard]] const std::string& table() const noexcept { return table_; }
 
-  /// Checks a connection out of the store's pool, for work beside the gate (tests, tools).
+  /// Checks a connection out of the store's pool, for work beside the gate (tests, tools). It
+  /// goes back to the pool when the lease is destroyed; after a `pqxx::broken_connection`, call
+  /// `mark_broken()` on the lease so the pool reopens it.
   detail::ConnectionPool::Lease connection() { return pool_.acquire(); }
 
  private:

@@ -1,6 +1,6 @@
 #pragma once
 
-/// Just enough JSON for the ledger's webhooks and answers.
+/// Just enough JSON for the examples' webhooks, terminal API and answers.
 ///
 /// Deliberately minimal: `parse` reads one JSON value into a small tree (objects, arrays,
 /// strings with every escape, numbers kept as text, true, false, null), with a depth limit and no
@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace prepaid::json {
+namespace example::json {
 
 /// One JSON value.
 struct Value {
@@ -303,4 +303,13 @@ class Parser {
   return out + '"';
 }
 
-}  // namespace prepaid::json
+/// The string member `name` of the JSON object in `text`; nullopt when `text` is not an object
+/// or the member is absent or not a string.
+[[nodiscard]] inline std::optional<std::string> string_field(std::string_view text,
+                                                             std::string_view name) {
+  const std::optional<Value> value = parse(text);
+  if (!value) return std::nullopt;
+  return value->string(name);
+}
+
+}  // namespace example::json
