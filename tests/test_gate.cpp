@@ -1,4 +1,6 @@
 #include "support/fake_terminal.hpp"
+#include "support/manual_clock.hpp"
+#include "support/memory_bookings.hpp"
 #include "support/slot_request.hpp"
 
 #include <idemgate/gate.hpp>
@@ -17,36 +19,12 @@ using idemgate::MemoryStore;
 using idemgate::RecordStatus;
 using idemgate::Status;
 using idemgate::test::FakeTerminal;
+using idemgate::test::ManualClock;
+using idemgate::test::MemoryBookings;
 using idemgate::test::SlotRequest;
 using namespace std::chrono_literals;
 
 namespace {
-
-/// The business table: bookings per container, written only on commit.
-struct Bookings {
-  std::mutex mutex;
-  std::multimap<std::string, std::string> rows;
-  std::size_t size() {
-    std::lock_guard lock(mutex);
-    return rows.size();
-  }
-};
-
-auto booking_writer(Bookings& bookings) {
-  return [&bookings](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
-    tx.on_commit([&bookings, r, slot] {
-      std::lock_guard lock(bookings.mutex);
-      bookings.rows.emplace(r.container, slot);
-    });
-  };
-}
-
-struct ManualClock {
-  std::chrono::system_clock::time_point now = std::chrono::system_clock::now();
-  MemoryStore::Clock fn() {
-    return [this] { return now; };
-  }
-};
 
 const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
 const auto key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU7000037");
@@ -56,8 +34,8 @@ const auto key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU7000037");
 TEST(Gate, FirstDeliveryClaimsOnceAndBooksOnce) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
   auto result = gate.process(key, msku);
   EXPECT_EQ(result.status(), Status::processed);
   EXPECT_EQ(result.outcome(), "slot-1");
@@ -70,8 +48,8 @@ TEST(Gate, FirstDeliveryClaimsOnceAndBooksOnce) {
 TEST(Gate, RedeliveryIsDuplicateWithStoredOutcomeAndNoSideEffect) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
   (void)gate.process(key, msku);
   for (int i = 0; i < 5; ++i) {
     auto again = gate.process(key, msku);
@@ -86,8 +64,8 @@ TEST(Gate, RedeliveryIsDuplicateWithStoredOutcomeAndNoSideEffect) {
 TEST(Gate, SameKeyWithDifferentRequestIsConflictAndWritesNothing) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
   (void)gate.process(key, msku);
   const auto before = *store.find(key);
   auto clash = gate.process(key, SlotRequest{"MSKU7000037", "2025-06-09T09:00"});
@@ -109,8 +87,8 @@ TEST(Gate, TransientFailureReleasesTheKeyAndTheNextDeliverySucceeds) {
     if (failures-- > 0) return idemgate::TransientFailure{"503 Service Unavailable"};
     return std::nullopt;
   };
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
   auto first = gate.process(key, msku);
   EXPECT_EQ(first.status(), Status::retry);
   EXPECT_FALSE(first.should_ack());
@@ -135,8 +113,8 @@ TEST(Gate, DownstreamExceptionIsTransient) {
                        const idemgate::Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
     throw std::runtime_error("connection reset");
   };
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
   auto result = gate.process(key, msku);
   EXPECT_EQ(result.status(), Status::retry);
   EXPECT_NE(result.reason().find("connection reset"), std::string::npos);
@@ -150,8 +128,8 @@ TEST(Gate, PermanentFailureIsStoredAndEveryDuplicateGetsIt) {
                        const idemgate::Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
     return idemgate::PermanentFailure{"422 unknown container"};
   };
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
   auto first = gate.process(key, msku);
   EXPECT_EQ(first.status(), Status::failed);
   EXPECT_TRUE(first.should_ack());
@@ -184,18 +162,18 @@ TEST(Gate, LiveLeaseGivesInFlightAndExpiredLeaseIsTakenOver) {
   ManualClock clock;
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
-  Bookings bookings;
+  MemoryBookings bookings;
   int crashes = 1;
   Gate gate{store,
             terminal,
             [&](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
               if (crashes-- > 0) throw std::runtime_error("worker died before the commit");
-              booking_writer(bookings)(tx, r, slot);
+              bookings.writer()(tx, r, slot);
             },
             {.lease = 30s}};
   EXPECT_THROW((void)gate.process(key, msku), std::runtime_error);
   EXPECT_EQ(gate.process(key, msku).status(), Status::in_flight);
-  clock.now += 31s;
+  clock.advance(31s);
   auto taken = gate.process(key, msku);
   EXPECT_EQ(taken.status(), Status::processed);
   EXPECT_TRUE(taken.took_over());
@@ -209,8 +187,8 @@ TEST(Gate, WorkerThatLostItsLeaseCannotCommit) {
   ManualClock clock;
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings), {.lease = 30s}};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
   bool paused = false;
   terminal.before =
       [&](const SlotRequest& r,
@@ -218,7 +196,7 @@ TEST(Gate, WorkerThatLostItsLeaseCannotCommit) {
     if (paused) return std::nullopt;
     paused = true;
     // This worker stalls past its lease; a redelivery takes the event over and finishes it.
-    clock.now += 31s;
+    clock.advance(31s);
     auto other = gate.process(k, r);
     EXPECT_EQ(other.status(), Status::processed);
     EXPECT_TRUE(other.took_over());
@@ -234,10 +212,10 @@ TEST(Gate, WorkerThatLostItsLeaseCannotCommit) {
 TEST(Gate, DownstreamThatIgnoresKeysIsEscalatedNotCalled) {
   MemoryStore store;
   FakeTerminal<false> terminal;
-  Bookings bookings;
+  MemoryBookings bookings;
   Gate gate{store, terminal,
             [&](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
-              booking_writer(bookings)(tx, r, slot);
+              bookings.writer()(tx, r, slot);
             }};
   auto result = gate.process(key, msku);
   EXPECT_EQ(result.status(), Status::escalated);
@@ -252,8 +230,8 @@ TEST(Gate, DownstreamThatIgnoresKeysIsEscalatedNotCalled) {
 TEST(Gate, OversizedRequestIsRefusedBeforeAnythingIsWritten) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings), {.max_request_bytes = 64}};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.max_request_bytes = 64}};
   try {
     (void)gate.process(key, SlotRequest{std::string(100, 'X'), "w"});
     FAIL() << "an oversized request must be refused";
@@ -267,8 +245,8 @@ TEST(Gate, OversizedRequestIsRefusedBeforeAnythingIsWritten) {
 TEST(Gate, RequestThatFailsToEncodeIsRefusedBeforeAnythingIsWritten) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
   try {
     (void)gate.process(key, SlotRequest{"MSKU\n1", "w"});
     FAIL() << "an unencodable request must be refused";
@@ -282,8 +260,8 @@ TEST(Gate, RequestThatFailsToEncodeIsRefusedBeforeAnythingIsWritten) {
 TEST(Gate, StoresTheRequestAndItsFingerprintWithTheReservation) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
   (void)gate.process(key, msku);
   const auto row = store.find(key);
   ASSERT_TRUE(row.has_value());

@@ -1,5 +1,6 @@
 // HttpDownstream over a real socket on 127.0.0.1, against the fake ECT Delta slot API.
 
+#include "support/memory_bookings.hpp"
 #include "support/monday.hpp"
 #include "support/slot_request.hpp"
 
@@ -35,6 +36,8 @@ using idemgate::MemoryStore;
 using idemgate::Status;
 using idemgate::test::SlotRequest;
 using namespace std::chrono_literals;
+
+using idemgate::test::MemoryBookings;
 
 namespace {
 
@@ -106,25 +109,6 @@ class RefusingPort {
   int fd_;
   int port_ = 0;
 };
-
-/// The TMS: bookings written only when the gate commits.
-struct Bookings {
-  std::mutex mutex;
-  std::vector<std::pair<std::string, std::string>> rows;
-  std::size_t size() {
-    std::lock_guard lock(mutex);
-    return rows.size();
-  }
-};
-
-auto booking_writer(Bookings& bookings) {
-  return [&bookings](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
-    tx.on_commit([&bookings, r, slot] {
-      std::lock_guard lock(bookings.mutex);
-      bookings.rows.emplace_back(r.container, slot);
-    });
-  };
-}
 
 bool contains(std::string_view text, std::string_view part) {
   return text.find(part) != std::string_view::npos;
@@ -414,8 +398,8 @@ TEST(GatedHttpDownstream, SixteenThreadsDeliveringSameEventClaimOneSlot) {
   terminal.set_latency(100ms);
   MemoryStore store;
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
-  Bookings bookings;
-  Gate gate{store, downstream, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, downstream, bookings.writer()};
 
   constexpr int workers = 16;
   std::latch go(workers);
@@ -445,8 +429,8 @@ TEST(GatedHttpDownstream, MondaysEightySevenDeliveriesFromFourThreadsClaimThirty
   Terminal terminal;
   MemoryStore store;
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
-  Bookings bookings;
-  Gate gate{store, downstream, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, downstream, bookings.writer()};
   const auto deliveries = idemgate::test::monday_deliveries();
   ASSERT_EQ(deliveries.size(), 87u);
 
@@ -480,8 +464,8 @@ TEST(GatedHttpDownstream, LostAckThenRedeliveryBooksTheOriginalSlotOnce) {
   terminal.drop_next_responses(1);
   MemoryStore store;
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
-  Bookings bookings;
-  Gate gate{store, downstream, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, downstream, bookings.writer()};
 
   const auto lost = gate.process(key, msku);
   EXPECT_EQ(lost.status(), Status::retry) << lost.reason();
@@ -497,8 +481,8 @@ TEST(GatedHttpDownstream, TerminalThatIgnoresKeysIsEscalatedAndNeverCalled) {
   Terminal terminal;
   MemoryStore store;
   HttpDownstream<SlotApi, false> downstream{terminal.base_url(), fast()};
-  Bookings bookings;
-  Gate gate{store, downstream, booking_writer(bookings)};
+  MemoryBookings bookings;
+  Gate gate{store, downstream, bookings.writer()};
   const auto result = gate.process(key, msku);
   EXPECT_EQ(result.status(), Status::escalated);
   EXPECT_TRUE(result.should_ack());

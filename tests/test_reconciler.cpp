@@ -1,4 +1,5 @@
 #include "support/fake_terminal.hpp"
+#include "support/manual_clock.hpp"
 #include "support/slot_request.hpp"
 
 #include <idemgate/gate.hpp>
@@ -20,26 +21,12 @@ using idemgate::Reconciler;
 using idemgate::RecordStatus;
 using idemgate::Status;
 using idemgate::test::FakeTerminal;
+using Clock = idemgate::test::ManualClock;
 using idemgate::test::SimulatedCrash;
 using idemgate::test::SlotRequest;
 using namespace std::chrono_literals;
 
 namespace {
-
-struct Clock {
-  std::mutex mutex;
-  std::chrono::system_clock::time_point now = std::chrono::system_clock::now();
-  MemoryStore::Clock fn() {
-    return [this] {
-      std::lock_guard lock(mutex);
-      return now;
-    };
-  }
-  void advance(std::chrono::milliseconds d) {
-    std::lock_guard lock(mutex);
-    now += d;
-  }
-};
 
 struct Bookings {
   std::mutex mutex;

@@ -1,4 +1,5 @@
 #include "support/fake_terminal.hpp"
+#include "support/manual_clock.hpp"
 #include "support/slot_request.hpp"
 
 #include <idemgate/gate.hpp>
@@ -27,17 +28,11 @@ using idemgate::MemoryStore;
 using idemgate::Status;
 using idemgate::StoreSignals;
 using idemgate::test::FakeTerminal;
+using Clock = idemgate::test::ManualClock;
 using idemgate::test::SlotRequest;
 using namespace std::chrono_literals;
 
 namespace {
-
-struct Clock {
-  std::chrono::system_clock::time_point now = std::chrono::system_clock::now();
-  MemoryStore::Clock fn() {
-    return [this] { return now; };
-  }
-};
 
 auto no_booking() {
   return [](MemoryStore::transaction&, const SlotRequest&, const std::string&) {};
@@ -140,7 +135,7 @@ TEST(Counters, CountRowsTheReconcilerFinished) {
   Gate gate{store, terminal, no_booking(), {.lease = 30s}, counters};
   const std::string bytes = gate.encode_request({"MSKU1", "w"});
   (void)store.reserve(idemgate::derive_key("s", "x"), idemgate::detail::sha256(bytes), bytes, 30s);
-  clock.now += 31s;
+  clock.advance(31s);
   idemgate::Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 10}};
   EXPECT_EQ(reconciler.run_once().reclaimed, 1u);
   EXPECT_EQ(counters.reconciled(), 1u);
@@ -160,7 +155,7 @@ TEST(Signals, TwoResultsForOneKeyAreRecordedWithBothResults) {
     if (++calls > 1) return std::nullopt;
     // This worker stalls past its lease; meanwhile a redelivery takes over and the terminal,
     // having forgotten the key, hands the redelivery a second slot.
-    clock.now += 31s;
+    clock.advance(31s);
     EXPECT_EQ(gate.process(k, request).status(), Status::processed);
     return std::string("slot-forgotten");
   };
@@ -186,7 +181,7 @@ TEST(Signals, SameResultAfterLosingTheLeaseIsNoMismatch) {
   terminal.after = [&](const Key& k,
                        const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
     if (++calls > 1) return std::nullopt;
-    clock.now += 31s;
+    clock.advance(31s);
     EXPECT_EQ(gate.process(k, {"MSKU1", "w"}).status(), Status::processed);
     return std::nullopt;
   };
@@ -260,7 +255,7 @@ TEST(Retention, PurgesFinishedRowsPastTheWindowAndNothingElse) {
   const std::string bytes = gate.encode_request({"C", "w"});
   (void)store.reserve(idemgate::derive_key("old", "in flight"), idemgate::detail::sha256(bytes),
                       bytes, 30s);
-  clock.now += 8 * 24h;
+  clock.advance(8 * 24h);
   (void)gate.process(idemgate::derive_key("new", "1"), {"C", "w"});
   idemgate::Retention retention{store, {.keep = 7 * 24h, .interval = 1h, .batch = 10}};
   EXPECT_EQ(retention.run_once(), 25u);
