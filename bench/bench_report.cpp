@@ -205,6 +205,9 @@ int main(int argc, char** argv) {
        "resident memory after all gated events / after the first tenth (SQLite)"},
   };
 
+  const Ratio pgbench_event_vs_bare = {
+      "", {"pgbench/event", "p50_us"}, {"pgbench/bare", "p50_us"}, "<=", 0, ""};
+
   const std::map<std::string, std::vector<std::pair<std::string, std::string>>> behind = {
       {"derive_key_vs_evp", {{"derive_key", "key/derive_key"}, {"EVP_Digest", "key/evp_digest"}}},
       {"gate_vs_pgbench_p50", {{"gate", "postgres/gate"}, {"pgbench", "pgbench/event"}}},
@@ -240,6 +243,10 @@ int main(int argc, char** argv) {
     } else {
       for (const auto& [label, name] : behind.at(r.key))
         measured += (measured.empty() ? "" : "; ") + describe(results, label, name);
+      // What the database itself does with the same two workloads bounds this ratio.
+      if (r.key == "gate_vs_bare_p50")
+        if (auto own = ratio_value(results, pgbench_event_vs_bare))
+          measured += format("; pgbench's own ratio %.2f", *own);
     }
     const std::string target = r.relation + " " + format("%.2f", r.target);
     const char* verdict = !value ? "n/a" : meets(*value, r) ? "met" : "MISSED";
@@ -274,10 +281,6 @@ int main(int argc, char** argv) {
       cpu_line += (cpu_line.empty() ? "" : "; ") + label + " " + duration(*v);
   if (!cpu_line.empty())
     std::cout << "  client CPU per event (the benchmark thread): " << cpu_line << '\n';
-  if (auto event = overall(results, "pgbench/event", "p50_us"))
-    if (auto bare = overall(results, "pgbench/bare", "p50_us"))
-      std::cout << "  pgbench's own gate-SQL / bare-INSERT p50: " << format("%.2f", *event / *bare)
-                << '\n';
   for (const auto& error : results.errors) std::cout << "  ERROR " << error << '\n';
   std::cout << '\n'
             << (missed == 0 ? "every measured target met"

@@ -176,8 +176,10 @@ class TsvReporter : public benchmark::BenchmarkReporter {
       if (run.run_type != Run::RT_Iteration) continue;
       const std::string& name = run.run_name.function_name;
       if (run.error_occurred) {
-        out << name << "\terror\t" << run.error_message << '\n';
-        failed_ = true;
+        std::string message = run.error_message;
+        std::replace_if(
+            message.begin(), message.end(), [](char c) { return c == '\n' || c == '\t'; }, ' ');
+        out << name << "\terror\t" << message << '\n';
         continue;
       }
       const double iterations = static_cast<double>(run.iterations);
@@ -188,6 +190,16 @@ class TsvReporter : public benchmark::BenchmarkReporter {
         out << name << '\t' << metric << '\t' << counter.value << '\n';
     }
     out.flush();
+  }
+};
+
+/// Google Benchmark's console output, remembering whether any run failed.
+class ConsoleReporter : public benchmark::ConsoleReporter {
+ public:
+  /// Shows the runs and notes failures.
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) failed_ |= run.error_occurred;
+    benchmark::ConsoleReporter::ReportRuns(runs);
   }
 
   /// Whether any run reported an error.
@@ -205,17 +217,14 @@ inline int run_benchmarks(int argc, char** argv) {
     to_file |= std::string_view(argv[i]).starts_with("--benchmark_out=");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  benchmark::ConsoleReporter console;
+  ConsoleReporter console;
   TsvReporter tsv;
-  bool failed = false;
-  if (to_file) {
+  if (to_file)
     benchmark::RunSpecifiedBenchmarks(&console, &tsv);
-    failed = tsv.failed();
-  } else {
+  else
     benchmark::RunSpecifiedBenchmarks(&console);
-  }
   benchmark::Shutdown();
-  return failed ? 1 : 0;
+  return console.failed() ? 1 : 0;
 }
 
 }  // namespace idemgate::bench
