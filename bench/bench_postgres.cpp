@@ -9,9 +9,11 @@
 //   postgres/duplicate_cached the same with GateOptions::cache_capacity (no round trip)
 //   postgres/gate_4_workers  4 threads sharing one gate over a pool of 4 connections
 //   postgres/reserve         the reservation alone, on --growth-table (reserve cost vs size)
-// Latencies are per event (p50_us, p99_us); throughput is events_per_s.
+// Latencies are per event (p50_us, p99_us); throughput is events_per_s. Every connection is
+// opened once per process and warmed up before it is timed, the gate's and the baselines' alike.
 //
 // Flags: --pg=URI (required), --events=N per latency run, --worker-events=N per thread,
+// --warm-up-ms=N of untimed events before any benchmark,
 // --growth-table=NAME; plus Google Benchmark's own (--benchmark_filter, --benchmark_out, ...).
 
 #include "postgres_workload.hpp"
@@ -25,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,6 +36,8 @@ namespace {
 namespace pg = idemgate::bench::pg;
 using idemgate::bench::Latencies;
 using idemgate::bench::NoopDownstream;
+using idemgate::bench::timed_events;
+using idemgate::bench::warm_up;
 
 // The business write as the gate calls it.
 struct BusinessWrite {
@@ -133,17 +138,11 @@ void expect_processed(const idemgate::Result<std::string>& result) {
 void gated_event(benchmark::State& state, GatedStore& (*gated)()) {
   guarded(state, [&] {
     PgGate& gate = gated().gate;
-    idemgate::bench::KeySource keys;
-    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
-    for (auto _ : state) {
-      const idemgate::Key key = keys.next("bench.gate");
-      latencies.time([&] {
-        auto result = gate.process(key, idemgate::bench::request());
-        benchmark::DoNotOptimize(result);
-        expect_processed(result);
-      });
-    }
-    latencies.report(state);
+    timed_events(state, "bench.gate", [&](const idemgate::Key& key) {
+      auto result = gate.process(key, idemgate::bench::request());
+      benchmark::DoNotOptimize(result);
+      expect_processed(result);
+    });
   });
 }
 
@@ -154,17 +153,25 @@ void gated_batch(benchmark::State& state) {
     PgGate& gate = durable_gate().gate;
     idemgate::bench::KeySource keys;
     std::vector<idemgate::BatchMessage<std::string>> batch(batch_size);
-    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
     std::size_t message = 0;
-    for (auto _ : state) {
+    const auto fill = [&] {
       for (auto& m : batch)
         m = {"m-" + std::to_string(++message), keys.next("bench.batch"),
              idemgate::bench::request()};
-      latencies.time([&] {
-        auto result = gate.process_batch(batch);
-        benchmark::DoNotOptimize(result);
-        for (const auto& item : result.items()) expect_processed(item.result);
-      });
+    };
+    const auto process = [&] {
+      auto result = gate.process_batch(batch);
+      benchmark::DoNotOptimize(result);
+      for (const auto& item : result.items()) expect_processed(item.result);
+    };
+    for (int i = 0; i < warm_up; ++i) {
+      fill();
+      process();
+    }
+    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
+    for (auto _ : state) {
+      fill();
+      latencies.time(process);
     }
     latencies.report(state, batch_size);
     state.counters["events_per_batch"] = batch_size;
@@ -178,94 +185,129 @@ void duplicate(benchmark::State& state, GatedStore& (*gated)()) {
     idemgate::bench::KeySource keys;
     const idemgate::Key key = keys.next("bench.duplicate");
     expect_processed(gate.process(key, idemgate::bench::request()));
+    const auto redeliver = [&] {
+      auto result = gate.process(key, idemgate::bench::request());
+      benchmark::DoNotOptimize(result);
+      if (result.status() != idemgate::Status::duplicate)
+        throw std::runtime_error("a redelivery was not answered as a duplicate");
+    };
+    for (int i = 0; i < warm_up; ++i) redeliver();
     Latencies latencies(static_cast<std::size_t>(state.max_iterations));
-    for (auto _ : state) {
-      latencies.time([&] {
-        auto result = gate.process(key, idemgate::bench::request());
-        benchmark::DoNotOptimize(result);
-        if (result.status() != idemgate::Status::duplicate)
-          throw std::runtime_error("a redelivery was not answered as a duplicate");
-      });
-    }
+    for (auto _ : state) latencies.time(redeliver);
     latencies.report(state);
   });
+}
+
+// The business INSERT alone in its own transaction, on one connection kept for the process.
+class BareInsert {
+ public:
+  BareInsert() : connection_(settings.uri) {
+    durable_gate();  // the business table exists
+    idemgate::detail::pq::prepare(connection_, pg::business_statement, pg::business_insert_sql());
+  }
+
+  void event(const idemgate::Key& key) {
+    pqxx::work tx(connection_);
+    pg::write_business(tx, key, idemgate::bench::outcome());
+    tx.commit();
+  }
+
+ private:
+  pqxx::connection connection_;
+};
+
+// What a careful programmer writes without the library: the same prepared statements, the same
+// parameters, the same two transactions (the reservation in autocommit, then BEGIN / fenced
+// UPDATE / business INSERT / COMMIT), on one connection of the same driver kept for the process.
+class HandLoop {
+ public:
+  HandLoop() : connection_(settings.uri) {
+    durable_gate();  // the log and the business table exist
+    const auto sql = idemgate::PostgresStore::statements(pg::log_table);
+    idemgate::detail::pq::prepare(connection_, "idemgate_reserve", sql.reserve);
+    idemgate::detail::pq::prepare(connection_, "idemgate_commit", sql.commit);
+    idemgate::detail::pq::prepare(connection_, pg::business_statement, pg::business_insert_sql());
+  }
+
+  void event(const idemgate::Key& key) {
+    const auto fingerprint = idemgate::detail::sha256(request_);
+    const std::string key_param = pg::bytea_text(key.view());
+    const std::string fingerprint_param =
+        pg::bytea_text({reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
+    std::int64_t fence = 0;
+    {
+      pqxx::nontransaction tx(connection_);
+      const pqxx::result rows = idemgate::detail::pq::exec_prepared(
+          tx, "idemgate_reserve", key_param, fingerprint_param, request_param_, lease_ms_);
+      if (rows.empty() || !idemgate::detail::pq::bool_field(rows[0][0]))
+        throw std::runtime_error("the hand loop met an existing key");
+      fence = idemgate::detail::pq::int_field(rows[0][1]);
+    }
+    pqxx::work tx(connection_);
+    const pqxx::result updated =
+        idemgate::detail::pq::exec_prepared(tx, "idemgate_commit", key_param, fence, result_param_);
+    if (idemgate::detail::pq::affected_rows(updated) != 1)
+      throw std::runtime_error("the hand loop lost a fence");
+    pg::write_business(tx, key, idemgate::bench::outcome());
+    tx.commit();
+  }
+
+ private:
+  pqxx::connection connection_;
+  const std::string request_ = pg::request_bytes();
+  const std::string request_param_ = pg::bytea_text(request_);
+  const std::string result_param_ = pg::bytea_text(pg::outcome_bytes());
+  const std::int64_t lease_ms_ = pg::lease_ms();
+};
+
+BareInsert& bare() {
+  static BareInsert instance;
+  return instance;
+}
+
+HandLoop& hand() {
+  static HandLoop instance;
+  return instance;
 }
 
 void bare_insert(benchmark::State& state) {
   guarded(state, [&] {
-    pqxx::connection connection(settings.uri);
-    idemgate::detail::pq::prepare(connection, pg::business_statement, pg::business_insert_sql());
-    const std::string result = idemgate::bench::outcome();
-    idemgate::bench::KeySource keys;
-    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
-    for (auto _ : state) {
-      const idemgate::Key key = keys.next("bench.bare");
-      latencies.time([&] {
-        pqxx::work tx(connection);
-        pg::write_business(tx, key, result);
-        tx.commit();
-      });
-    }
-    latencies.report(state);
+    timed_events(state, "bench.bare", [&](const idemgate::Key& key) { bare().event(key); });
   });
 }
 
-// What a careful programmer writes without the library: the same prepared statements, the same
-// parameters, the same two transactions (the reservation in autocommit, then BEGIN / fenced
-// UPDATE / business INSERT / COMMIT), on one connection of the same driver.
 void hand_loop(benchmark::State& state) {
   guarded(state, [&] {
-    durable_gate();  // the schema exists
-    const auto sql = idemgate::PostgresStore::statements(pg::log_table);
-    pqxx::connection connection(settings.uri);
-    idemgate::detail::pq::prepare(connection, "idemgate_reserve", sql.reserve);
-    idemgate::detail::pq::prepare(connection, "idemgate_commit", sql.commit);
-    idemgate::detail::pq::prepare(connection, pg::business_statement, pg::business_insert_sql());
-    const std::string request = pg::request_bytes();
-    const std::string request_param = pg::bytea_text(request);
-    const std::string result = pg::outcome_bytes();
-    const std::string result_param = pg::bytea_text(result);
-    const std::int64_t lease_ms = pg::lease_ms();
-    idemgate::bench::KeySource keys;
-    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
-    for (auto _ : state) {
-      const idemgate::Key key = keys.next("bench.hand");
-      latencies.time([&] {
-        const auto fingerprint = idemgate::detail::sha256(request);
-        const std::string key_param = pg::bytea_text(key.view());
-        const std::string fingerprint_param =
-            pg::bytea_text({reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
-        std::int64_t fence = 0;
-        {
-          pqxx::nontransaction tx(connection);
-          const pqxx::result rows = idemgate::detail::pq::exec_prepared(
-              tx, "idemgate_reserve", key_param, fingerprint_param, request_param, lease_ms);
-          if (rows.empty() || !idemgate::detail::pq::bool_field(rows[0][0]))
-            throw std::runtime_error("the hand loop met an existing key");
-          fence = idemgate::detail::pq::int_field(rows[0][1]);
-        }
-        pqxx::work tx(connection);
-        const pqxx::result updated = idemgate::detail::pq::exec_prepared(
-            tx, "idemgate_commit", key_param, fence, result_param);
-        if (idemgate::detail::pq::affected_rows(updated) != 1)
-          throw std::runtime_error("the hand loop lost a fence");
-        pg::write_business(tx, key, idemgate::bench::outcome());
-        tx.commit();
-      });
-    }
-    latencies.report(state);
+    timed_events(state, "bench.hand", [&](const idemgate::Key& key) { hand().event(key); });
   });
+}
+
+// A fresh process runs its first few hundred milliseconds of database work measurably slower
+// (client CPU per event several times higher), whatever the work: untimed events of the
+// single-worker kinds, taking turns, until `duration` has passed.
+void warm_up_process(std::chrono::milliseconds duration) {
+  idemgate::bench::KeySource keys;
+  PgGate& gate = durable_gate().gate;
+  const auto until = std::chrono::steady_clock::now() + duration;
+  while (std::chrono::steady_clock::now() < until) {
+    expect_processed(gate.process(keys.next("bench.warm"), idemgate::bench::request()));
+    hand().event(keys.next("bench.warm"));
+    bare().event(keys.next("bench.warm"));
+  }
 }
 
 void gate_workers(benchmark::State& state) {
   guarded(state, [&] {
     PgGate& gate = worker_gate().gate;
     idemgate::bench::KeySource keys;
-    for (auto _ : state) {
+    const auto event = [&] {
       auto result = gate.process(keys.next("bench.workers"), idemgate::bench::request());
       benchmark::DoNotOptimize(result);
       expect_processed(result);
-    }
+    };
+    // Before the threads' common start, so every pooled connection is warm.
+    for (int i = 0; i < warm_up; ++i) event();
+    for (auto _ : state) event();
     state.counters["events_per_s"] =
         benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   });
@@ -281,25 +323,20 @@ void reserve_only(benchmark::State& state) {
     const std::string request = pg::request_bytes();
     const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
     const std::chrono::milliseconds lease(pg::lease_ms());
-    idemgate::bench::KeySource keys;
-    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
-    for (auto _ : state) {
-      const idemgate::Key key = keys.next("bench.reserve");
-      latencies.time([&] {
-        const idemgate::Reservation r = store.reserve(key, fingerprint, request, lease);
-        benchmark::DoNotOptimize(r);
-        if (r.kind != idemgate::Reservation::Kind::acquired)
-          throw std::runtime_error("the reservation met an existing key");
-      });
-    }
-    latencies.report(state);
+    timed_events(state, "bench.reserve", [&](const idemgate::Key& key) {
+      const idemgate::Reservation r = store.reserve(key, fingerprint, request, lease);
+      benchmark::DoNotOptimize(r);
+      if (r.kind != idemgate::Reservation::Kind::acquired)
+        throw std::runtime_error("the reservation met an existing key");
+    });
   });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const idemgate::bench::Flags flags(argc, argv, {"pg", "events", "worker-events", "growth-table"});
+  const idemgate::bench::Flags flags(
+      argc, argv, {"pg", "events", "worker-events", "growth-table", "warm-up-ms"});
   settings.uri = flags.text("pg");
   if (settings.uri.empty()) {
     std::cerr << "bench_postgres: pass --pg=postgresql://user@127.0.0.1:PORT/db (scripts/bench "
@@ -309,6 +346,14 @@ int main(int argc, char** argv) {
   settings.events = flags.count("events", settings.events);
   settings.worker_events = flags.count("worker-events", settings.worker_events);
   settings.growth_table = flags.text("growth-table");
+  if (const auto ms = flags.count("warm-up-ms", 0); ms > 0) {
+    try {
+      warm_up_process(std::chrono::milliseconds(ms));
+    } catch (const std::exception& e) {
+      std::cerr << "bench_postgres: the warm-up failed: " << e.what() << '\n';
+      return 1;
+    }
+  }
 
   const auto latency = [](benchmark::internal::Benchmark* b) {
     b->Iterations(settings.events)->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -316,7 +361,7 @@ int main(int argc, char** argv) {
   latency(benchmark::RegisterBenchmark("postgres/gate", gated_event, &durable_gate));
   latency(benchmark::RegisterBenchmark("postgres/gate_relaxed", gated_event, &relaxed_gate));
   benchmark::RegisterBenchmark("postgres/gate_batch10", gated_batch)
-      ->Iterations(std::max<std::int64_t>(settings.events / 4, 10))
+      ->Iterations(std::max<std::int64_t>(settings.events / 4, 3))
       ->UseRealTime()
       ->Unit(benchmark::kMicrosecond);
   latency(benchmark::RegisterBenchmark("postgres/bare_insert", bare_insert));

@@ -32,8 +32,8 @@
 
 namespace {
 
-using idemgate::bench::Latencies;
 using idemgate::bench::NoopDownstream;
+using idemgate::bench::timed_events;
 
 const std::string log_table = "bench_log";
 const std::string business_sql = "INSERT INTO bench_business (key, outcome) VALUES (?1, ?2)";
@@ -197,17 +197,11 @@ void gated_event(benchmark::State& state) {
   guarded(state, [&] {
     Shared& s = shared();
     SqliteGate<Write> gate(s.store, s.downstream, Write{});
-    idemgate::bench::KeySource keys;
-    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
-    for (auto _ : state) {
-      const idemgate::Key key = keys.next("bench.sqlite.gate");
-      latencies.time([&] {
-        auto result = gate.process(key, idemgate::bench::request());
-        benchmark::DoNotOptimize(result);
-        expect_processed(result);
-      });
-    }
-    latencies.report(state);
+    timed_events(state, "bench.sqlite.gate", [&](const idemgate::Key& key) {
+      auto result = gate.process(key, idemgate::bench::request());
+      benchmark::DoNotOptimize(result);
+      expect_processed(result);
+    });
   });
 }
 
@@ -267,15 +261,11 @@ std::int64_t now_micros() {
 class HandLoop {
  public:
   explicit HandLoop(Shared& s) : sql_(capture_statements(s)) {
-    if (sqlite3_open_v2(s.store.path().c_str(), &db_, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK)
-      fail(db_, "opening");
-    sqlite3_busy_timeout(db_, 5000);
-    sqlite3_exec(db_, "PRAGMA journal_mode=WAL", nullptr, nullptr, nullptr);
-    sqlite3_exec(db_, "PRAGMA synchronous=FULL", nullptr, nullptr, nullptr);
-    begin_ = std::make_unique<Statement>(db_, sql_.begin);
-    reserve_ = std::make_unique<Statement>(db_, sql_.reserve);
-    end_ = std::make_unique<Statement>(db_, sql_.end);
-    commit_ = std::make_unique<Statement>(db_, sql_.commit);
+    open(s);
+    idemgate::bench::KeySource keys;
+    const idemgate::Key first = keys.next("bench.sqlite.hand.check");
+    event(first);
+    verify(s, first);
   }
   HandLoop(const HandLoop&) = delete;
   HandLoop& operator=(const HandLoop&) = delete;
@@ -320,6 +310,19 @@ class HandLoop {
     end_->run();
   }
 
+ private:
+  void open(Shared& s) {
+    if (sqlite3_open_v2(s.store.path().c_str(), &db_, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK)
+      fail(db_, "opening");
+    sqlite3_busy_timeout(db_, 5000);
+    sqlite3_exec(db_, "PRAGMA journal_mode=WAL", nullptr, nullptr, nullptr);
+    sqlite3_exec(db_, "PRAGMA synchronous=FULL", nullptr, nullptr, nullptr);
+    begin_ = std::make_unique<Statement>(db_, sql_.begin);
+    reserve_ = std::make_unique<Statement>(db_, sql_.reserve);
+    end_ = std::make_unique<Statement>(db_, sql_.end);
+    commit_ = std::make_unique<Statement>(db_, sql_.commit);
+  }
+
   // Checks one event's row against what the gate would have stored.
   void verify(Shared& s, const idemgate::Key& key) {
     const std::optional<idemgate::Record> row = s.store.find(key);
@@ -331,7 +334,6 @@ class HandLoop {
           "longer match the store's statements");
   }
 
- private:
   Captured sql_;
   sqlite3* db_ = nullptr;
   std::unique_ptr<Statement> begin_, reserve_, end_, commit_;
@@ -344,18 +346,8 @@ class HandLoop {
 
 void hand_loop(benchmark::State& state) {
   guarded(state, [&] {
-    Shared& s = shared();
-    static HandLoop loop(s);
-    idemgate::bench::KeySource keys;
-    const idemgate::Key first = keys.next("bench.sqlite.hand");
-    loop.event(first);
-    loop.verify(s, first);
-    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
-    for (auto _ : state) {
-      const idemgate::Key key = keys.next("bench.sqlite.hand");
-      latencies.time([&] { loop.event(key); });
-    }
-    latencies.report(state);
+    static HandLoop loop(shared());
+    timed_events(state, "bench.sqlite.hand", [&](const idemgate::Key& key) { loop.event(key); });
   });
 }
 

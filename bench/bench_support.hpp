@@ -80,6 +80,7 @@ class KeySource {
 /// Per-event wall times of one benchmark run; reports percentiles as counters.
 class Latencies {
  public:
+  /// The clock samples are taken with.
   using clock = std::chrono::steady_clock;
 
   /// Room for `expected` samples, so recording never allocates inside the timed loop.
@@ -112,6 +113,24 @@ class Latencies {
  private:
   std::vector<clock::duration> samples_;
 };
+
+/// Untimed events every latency benchmark runs first: PostgreSQL plans a prepared statement
+/// afresh for its first five executions, and no run should measure a cold connection.
+inline constexpr int warm_up = 6;
+
+/// Times `event(key)` once per iteration, each on a new key, after `warm_up` untimed events;
+/// reports the percentiles.
+template <class Event>
+void timed_events(benchmark::State& state, std::string_view scope, Event&& event) {
+  KeySource keys;
+  for (int i = 0; i < warm_up; ++i) event(keys.next(scope));
+  Latencies latencies(static_cast<std::size_t>(state.max_iterations));
+  for (auto _ : state) {
+    const Key key = keys.next(scope);
+    latencies.time([&] { event(key); });
+  }
+  latencies.report(state);
+}
 
 /// Resident memory of this process in KiB (from /proc/self/statm).
 inline double resident_kib() {

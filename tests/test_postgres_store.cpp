@@ -432,6 +432,19 @@ TEST(PostgresStore, UnusableTableNameIsRefused) {
   EXPECT_NO_THROW(PostgresStore(uri, {.table = "public.idemgate_log"}));
 }
 
+TEST_F(PostgresGate, BusinessWriteOnAMissingTableKeepsItsOwnError) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  Gate gate{*store, terminal, [](pqxx::work& tx, const SlotRequest& r, const std::string& slot) {
+              pq::exec_params(tx, "INSERT INTO no_such_business_table VALUES ($1, $2)", r.container,
+                              slot);
+            }};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-missing", msku.container);
+  EXPECT_THROW((void)gate.process(key, msku), pqxx::undefined_table)
+      << "the caller's own table is missing, not the log: no advice to migrate";
+  EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight);
+}
+
 TEST(PostgresStore, MissingTableSaysToMigrate) {
   const std::string uri = idemgate::test::pg_uri();
   ASSERT_FALSE(uri.empty());

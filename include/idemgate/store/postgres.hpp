@@ -253,10 +253,12 @@ class PostgresStore {
       } catch (const pqxx::in_doubt_error& e) {
         lease.mark_broken();
         if (attempt >= options_.commit_attempts) throw commit_unknown(key, e);
-      } catch (const pqxx::undefined_table&) {
-        throw missing_table();
-      } catch (const pqxx::undefined_column&) {
-        throw outdated_table();
+      } catch (const pqxx::undefined_table& e) {
+        if (names_log_table(e)) throw missing_table();
+        throw;  // the business write's own table: its error, unchanged
+      } catch (const pqxx::undefined_column& e) {
+        if (names_log_table(e)) throw outdated_table();
+        throw;
       }
     }
   }
@@ -736,10 +738,12 @@ class PostgresStore {
                            pool.redacted_uri() + " (" + e.what() +
                            "). Do not ack; the redelivery will try again once the database is "
                            "back.");
-      } catch (const pqxx::undefined_table&) {
-        throw missing_table();
-      } catch (const pqxx::undefined_column&) {
-        throw outdated_table();
+      } catch (const pqxx::undefined_table& e) {
+        if (names_log_table(e)) throw missing_table();
+        throw;  // the business write's own table: its error, unchanged
+      } catch (const pqxx::undefined_column& e) {
+        if (names_log_table(e)) throw outdated_table();
+        throw;
       }
     }
   }
@@ -767,6 +771,15 @@ class PostgresStore {
         return CommitStatus::committed;
       return settled_earlier(tx, key_param, fence, target);
     });
+  }
+
+  // Whether a schema error is about the log (not about a table of the caller's business write).
+  bool names_log_table(const pqxx::sql_error& e) const {
+    const std::string query = e.query();
+    const std::string message = e.what();
+    return query.find(detail::unqualified(table_)) != std::string::npos ||
+           message.find(detail::unqualified(table_)) != std::string::npos ||
+           query.rfind("idemgate_", 0) == 0;
   }
 
   StoreError missing_table() const {

@@ -934,7 +934,7 @@ class SqliteStore {
         "idemgate: the SQLite database at " + path_ +
         " stayed locked by another connection for longer than the busy timeout (" +
         std::to_string(busy_timeout_.count()) + " ms) while " + std::string(doing) +
-        (key != nullptr ? " " + key->hex() : std::string()) +
+        (key != nullptr ? std::string(1, ' ').append(key->hex()) : std::string()) +
         "; nothing was written. Do not ack: the redelivery will try again. If it persists, find "
         "the process holding a long write transaction, or raise SqliteOptions::busy_timeout.");
   }
