@@ -11,13 +11,13 @@ CREATE TABLE IF NOT EXISTS idemgate_log (
   request     bytea       NOT NULL,
   result      bytea,
   reason      text,
-  duplicates  integer     NOT NULL DEFAULT 0,
+  duplicates  bigint      NOT NULL DEFAULT 0,
   created_at  timestamptz NOT NULL DEFAULT now(),
   updated_at  timestamptz NOT NULL DEFAULT now(),
   CHECK (status <> 'committed' OR result IS NOT NULL)
 );
 -- Added in 0.1: logs created before it gain the column here.
-ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS duplicates integer NOT NULL DEFAULT 0;
+ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS duplicates bigint NOT NULL DEFAULT 0;
 -- Stranded work: the reconciler's scan and the oldest in-flight row.
 CREATE INDEX IF NOT EXISTS idemgate_log_in_flight ON idemgate_log (lease_until) WHERE status = 'in_flight';
 -- The manual queue.

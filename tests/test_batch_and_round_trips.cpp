@@ -224,6 +224,34 @@ class PostgresBatch : public ::testing::Test {
   std::string uri, log, bookings;
 };
 
+TEST(Batch, SameKeyWithDifferentRequestsInOneBatchIsAConflict) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Gate gate{store, terminal,
+            [](MemoryStore::transaction&, const SlotRequest&, const std::string&) {}};
+  const Key key = idemgate::derive_key("b", "clash");
+  std::vector<BatchMessage<SlotRequest>> batch{
+      {"m1", key, {"C1", "w"}}, {"m2", key, {"C1", "other window"}}, {"m3", key, {"C1", "w"}}};
+  const auto result = gate.process_batch(batch);
+  EXPECT_EQ(result.items()[0].result.status(), Status::processed);
+  EXPECT_EQ(result.items()[1].result.status(), Status::conflict);
+  EXPECT_EQ(result.items()[2].result.status(), Status::duplicate);
+  EXPECT_EQ(gate.process(key, {"C1", "other window"}).status(), Status::conflict)
+      << "the same answer as process() gives";
+}
+
+TEST(Batch, UnusableFirstCopyDoesNotSinkAUsableLaterOne) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Gate gate{store, terminal,
+            [](MemoryStore::transaction&, const SlotRequest&, const std::string&) {}};
+  const Key key = idemgate::derive_key("b", "unusable first");
+  std::vector<BatchMessage<SlotRequest>> batch{{"m1", key, {"C\n", "w"}}, {"m2", key, {"C", "w"}}};
+  const auto result = gate.process_batch(batch);
+  EXPECT_EQ(result.items()[0].result.status(), Status::failed);
+  EXPECT_EQ(result.items()[1].result.status(), Status::processed);
+}
+
 TEST_F(PostgresBatch, BatchesFromFourThreadsWithOverlappingKeysClaimEachEventOnce) {
   PostgresStore store(uri, {.table = log, .pool_size = 4});
   store.migrate();
@@ -294,6 +322,27 @@ TEST_F(PostgresBatch, RelaxedReservationsKeepExclusionAndCommitsDurable) {
     });
   for (auto& t : racers) t.join();
   EXPECT_EQ(terminal.calls(), 1) << "exclusion is unchanged";
+  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 1);
+}
+
+TEST_F(PostgresBatch, RelaxedReservationLostInACrashIsNeverAcked) {
+  PostgresStore store(uri, {.table = log, .relaxed_reservations = true});
+  store.migrate();
+  FakeTerminal<> terminal;
+  // The database loses the asynchronously committed reservation while the downstream works.
+  terminal.after = [&](const Key& key,
+                       const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    idemgate::test::pg_exec("DELETE FROM " + log + " WHERE key = '" + pq::bytea_param(key.view()) +
+                            "'::bytea");
+    return std::nullopt;
+  };
+  Gate gate{store, terminal, booking(bookings)};
+  const Key key = idemgate::derive_key("relaxed", "lost");
+  EXPECT_THROW((void)gate.process(key, {"C", "w"}), idemgate::StoreError)
+      << "do not ack: nobody else holds this event";
+  terminal.after = nullptr;
+  EXPECT_EQ(gate.process(key, {"C", "w"}).status(), Status::processed) << "the redelivery";
+  EXPECT_EQ(terminal.slots_issued(), 1) << "the downstream's key was the safety net";
   EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 1);
 }
 

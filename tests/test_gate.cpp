@@ -15,6 +15,7 @@
 #include <string>
 
 using idemgate::Gate;
+using idemgate::Key;
 using idemgate::MemoryStore;
 using idemgate::RecordStatus;
 using idemgate::Status;
@@ -143,19 +144,29 @@ TEST(Gate, PermanentFailureIsStoredAndEveryDuplicateGetsIt) {
   EXPECT_EQ(store.find(key)->status, RecordStatus::failed);
 }
 
-TEST(Gate, BusinessWriteThatThrowsLeavesTheRowInFlightAndNoBooking) {
+TEST(Gate, BusinessWriteThatThrowsCommitsNothingAndHandsTheEventToTheRedelivery) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, [](MemoryStore::transaction&, const SlotRequest&, const std::string&) {
-              throw std::runtime_error("TMS rejected the booking");
+  MemoryBookings bookings;
+  int refusals = 1;
+  Gate gate{store, terminal,
+            [&](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
+              if (refusals-- > 0) throw std::runtime_error("TMS rejected the booking");
+              bookings.writer()(tx, r, slot);
             }};
   EXPECT_THROW((void)gate.process(key, msku), std::runtime_error);
   const auto row = store.find(key);
   ASSERT_TRUE(row.has_value());
   EXPECT_EQ(row->status, RecordStatus::in_flight);
   EXPECT_FALSE(row->result.has_value());
-  auto again = gate.process(key, msku);
-  EXPECT_EQ(again.status(), Status::in_flight) << "the lease is still live";
+  EXPECT_EQ(bookings.size(), 0u);
+  EXPECT_LT(row->lease_until, std::chrono::system_clock::now())
+      << "the lease ends at once, so the redelivery does not meet a live lease and ack";
+  const auto again = gate.process(key, msku);
+  EXPECT_EQ(again.status(), Status::processed);
+  EXPECT_TRUE(again.took_over());
+  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(bookings.size(), 1u);
 }
 
 TEST(Gate, LiveLeaseGivesInFlightAndExpiredLeaseIsTakenOver) {
@@ -164,14 +175,13 @@ TEST(Gate, LiveLeaseGivesInFlightAndExpiredLeaseIsTakenOver) {
   FakeTerminal<> terminal;
   MemoryBookings bookings;
   int crashes = 1;
-  Gate gate{store,
-            terminal,
-            [&](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
-              if (crashes-- > 0) throw std::runtime_error("worker died before the commit");
-              bookings.writer()(tx, r, slot);
-            },
-            {.lease = 30s}};
-  EXPECT_THROW((void)gate.process(key, msku), std::runtime_error);
+  terminal.after = [&](const Key&,
+                       const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (crashes-- > 0) throw idemgate::test::SimulatedCrash{};  // died before the commit
+    return std::nullopt;
+  };
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  EXPECT_THROW((void)gate.process(key, msku), idemgate::test::SimulatedCrash);
   EXPECT_EQ(gate.process(key, msku).status(), Status::in_flight);
   clock.advance(31s);
   auto taken = gate.process(key, msku);

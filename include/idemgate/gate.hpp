@@ -138,8 +138,7 @@ class Gate {
     std::unordered_map<Key, std::size_t, KeyHash> seen;
     std::vector<std::size_t> pending;  // first occurrences that need the store
     for (std::size_t i = 0; i < n; ++i) {
-      first[i] = seen.try_emplace(messages[i].key, i).first->second;
-      if (first[i] != i) continue;
+      first[i] = i;
       try {
         bytes[i] = encode_request(messages[i].request);
       } catch (const RequestError& e) {
@@ -147,6 +146,18 @@ class Gate {
         continue;
       }
       fingerprints[i] = detail::sha256(bytes[i]);
+      // The first usable message of a key speaks for the batch's later copies of it.
+      first[i] = seen.try_emplace(messages[i].key, i).first->second;
+      if (first[i] != i) {
+        if (fingerprints[i] != fingerprints[first[i]]) {
+          results[i] = result_type::because(
+              Status::conflict,
+              "this key came twice in one batch with different requests; the key derivation "
+              "is not stable or two events share a key");
+          first[i] = i;
+        }
+        continue;
+      }
       if (auto hit = cache_.get(messages[i].key))
         results[i] = answer_cached(*hit, fingerprints[i]);
       else
@@ -208,14 +219,14 @@ class Gate {
     return result_type::because(Status::retry, std::string(answer.reason()));
   }
 
-  /// Commits `outcome` and the business write under `fence` in one transaction.
+  /// Commits `outcome` and the business write under `fence` in one transaction. When the business
+  /// write throws, nothing is committed, the lease is ended at once (the redelivery takes the
+  /// event over) and the exception is rethrown.
   result_type commit(const Key& key, std::int64_t fence, const request_type& request,
                      const outcome_type& outcome) {
     std::string outcome_bytes;
     codec<outcome_type>::encode(outcome, outcome_bytes);
-    const CommitStatus status =
-        store_.commit(key, fence, outcome_bytes,
-                      [&](typename Store::transaction& tx) { apply(tx, key, request, outcome); });
+    const CommitStatus status = commit_or_release(key, fence, request, outcome, outcome_bytes);
     if (status == CommitStatus::lost_lease) {
       note_mismatch(key, outcome_bytes, "lost_lease");
       return lost_lease_result();
@@ -384,50 +395,50 @@ class Gate {
         const std::size_t p = to_commit[c];
         items.push_back({messages[pending[p]].key, reservations[p].fence, outcome_bytes[c]});
       }
-      std::vector<CommitStatus> statuses;
-      try {
-        statuses = store_.commit_batch(items, [&](typename Store::transaction& tx, std::size_t c) {
-          const std::size_t i = pending[to_commit[c]];
-          apply(tx, messages[i].key, messages[i].request, outcomes[c]);
-        });
-      } catch (const StoreError&) {
-        throw;
-      } catch (const std::exception& e) {
-        // Some business write refused; the others were committed one by one. Read back which.
-        for (std::size_t c = 0; c < to_commit.size(); ++c) {
-          const std::size_t i = pending[to_commit[c]];
-          const auto row = store_.find(messages[i].key);
-          if (row && row->status == RecordStatus::committed &&
-              row->fence == reservations[to_commit[c]].fence)
-            settle_one(c, CommitStatus::committed, outcome_bytes[c]);
-          else
-            results[i] = result_type::because(
-                Status::retry, std::string("the business write failed: ") + e.what() +
-                                   "; the event stays in flight until its lease ends");
-        }
+      const auto statuses =
+          store_.commit_batch(items, [&](typename Store::transaction& tx, std::size_t c) {
+            const std::size_t i = pending[to_commit[c]];
+            apply(tx, messages[i].key, messages[i].request, outcomes[c]);
+          });
+      if (statuses) {
+        for (std::size_t c = 0; c < to_commit.size(); ++c)
+          settle_one(c, (*statuses)[c], outcome_bytes[c]);
         return;
       }
-      for (std::size_t c = 0; c < to_commit.size(); ++c)
-        settle_one(c, statuses[c], outcome_bytes[c]);
-    } else {
-      for (std::size_t c = 0; c < to_commit.size(); ++c) {
-        const std::size_t p = to_commit[c];
-        const std::size_t i = pending[p];
-        try {
-          const CommitStatus status =
-              store_.commit(messages[i].key, reservations[p].fence, outcome_bytes[c],
-                            [&](typename Store::transaction& tx) {
-                              apply(tx, messages[i].key, messages[i].request, outcomes[c]);
-                            });
-          settle_one(c, status, outcome_bytes[c]);
-        } catch (const StoreError&) {
-          throw;
-        } catch (const std::exception& e) {
-          results[i] = result_type::because(Status::retry,
-                                            std::string("the business write failed: ") + e.what() +
-                                                "; the event stays in flight until its lease ends");
-        }
+    }
+    // One by one: a refused business write costs only its own message.
+    for (std::size_t c = 0; c < to_commit.size(); ++c) {
+      const std::size_t p = to_commit[c];
+      const std::size_t i = pending[p];
+      try {
+        settle_one(c,
+                   commit_or_release(messages[i].key, reservations[p].fence, messages[i].request,
+                                     outcomes[c], outcome_bytes[c]),
+                   outcome_bytes[c]);
+      } catch (const std::exception& e) {
+        results[i] = result_type::because(Status::retry,
+                                          std::string("the commit failed: ") + e.what() +
+                                              "; the event's lease was ended for the redelivery");
       }
+    }
+  }
+
+  // Commits with the business write; when that throws, ends the lease at once (so the
+  // redelivery, which the caller's exception or `retry` asks for, takes the event over instead
+  // of meeting a live lease) and rethrows.
+  CommitStatus commit_or_release(const Key& key, std::int64_t fence, const request_type& request,
+                                 const outcome_type& outcome, const std::string& outcome_bytes) {
+    try {
+      return store_.commit(key, fence, outcome_bytes, [&](typename Store::transaction& tx) {
+        apply(tx, key, request, outcome);
+      });
+    } catch (...) {
+      try {
+        store_.release(key, fence);
+      } catch (...) {
+        // The store is down: the lease runs out by itself and the reconciler takes over.
+      }
+      throw;
     }
   }
 

@@ -135,7 +135,7 @@ class PostgresStore {
            "  request     bytea       NOT NULL,\n"
            "  result      bytea,\n"
            "  reason      text,\n"
-           "  duplicates  integer     NOT NULL DEFAULT 0,\n"
+           "  duplicates  bigint      NOT NULL DEFAULT 0,\n"
            "  created_at  timestamptz NOT NULL DEFAULT now(),\n"
            "  updated_at  timestamptz NOT NULL DEFAULT now(),\n"
            "  CHECK (status <> 'committed' OR result IS NOT NULL)\n"
@@ -143,7 +143,7 @@ class PostgresStore {
            "-- Added in 0.1: logs created before it gain the column here.\n"
            "ALTER TABLE " +
            t +
-           " ADD COLUMN IF NOT EXISTS duplicates integer NOT NULL DEFAULT 0;\n"
+           " ADD COLUMN IF NOT EXISTS duplicates bigint NOT NULL DEFAULT 0;\n"
            "-- Stranded work: the reconciler's scan and the oldest in-flight row.\n"
            "CREATE INDEX IF NOT EXISTS " +
            name + "_in_flight ON " + t +
@@ -236,15 +236,17 @@ class PostgresStore {
       try {
         prepare_once(lease);
         pqxx::work tx(lease.connection());
+        // The business write goes first and the fenced update last: if the business write
+        // swallowed an error of its own, the transaction is aborted on the server and the
+        // update throws, instead of COMMIT quietly rolling back a "processed" event.
+        business(tx);
         const pqxx::result updated =
             detail::pq::exec_prepared(tx, "idemgate_commit", key_param, fence, result_param);
         if (detail::pq::affected_rows(updated) == 0) {
-          const CommitStatus earlier =
-              settled_earlier(tx, key_param, fence, RecordStatus::committed);
           tx.abort();
-          return earlier;
+          pqxx::nontransaction check(lease.connection());
+          return settled_earlier(check, key_param, fence, RecordStatus::committed);
         }
-        business(tx);
         tx.commit();
         return CommitStatus::committed;
       } catch (const pqxx::broken_connection& e) {
@@ -334,10 +336,10 @@ class PostgresStore {
     const std::string result_param = detail::pq::bytea_param(result);
     return run([&](pqxx::connection& c) {
       pqxx::work tx(c);
+      business(tx);  // first, so an error it swallowed aborts the update below (see commit)
       const pqxx::result updated =
           detail::pq::exec_prepared(tx, "idemgate_resolve", key_param, result_param);
       if (detail::pq::affected_rows(updated) == 0) return false;
-      business(tx);
       tx.commit();
       return true;
     });
@@ -563,6 +565,7 @@ class PostgresStore {
     s.purge = "DELETE FROM " + t + " WHERE key IN (SELECT key FROM " + t +
               " WHERE status IN ('committed', 'failed')"
               " AND created_at < now() - $1::bigint * interval '1 second'"
+              " AND updated_at < now() - $1::bigint * interval '1 second'"
               " LIMIT $2::bigint FOR UPDATE SKIP LOCKED)";
     return s;
   }
@@ -615,14 +618,13 @@ class PostgresStore {
     return reservations;
   }
 
-  /// Commits many outcomes in one transaction: one fenced update for all of them, then
-  /// `business(tx, index)` for each item whose fence held, then one COMMIT. Returns one status per
-  /// item. If a business write throws, the whole transaction is rolled back and every item is
-  /// committed on its own instead, so one bad item cannot take the others down; its exception
-  /// is rethrown after the others are committed.
+  /// Commits many outcomes in one transaction: `business(tx, index)` for every item, then one
+  /// fenced update for all of them, then one COMMIT. All or nothing: when a fence no longer holds
+  /// or a business write fails, nothing is written and the answer is nullopt — commit the items
+  /// one by one instead (`Gate::process_batch` does).
   template <class BusinessWrite>
-  std::vector<CommitStatus> commit_batch(std::span<const CommitItem> items,
-                                         BusinessWrite&& business) {
+  std::optional<std::vector<CommitStatus>> commit_batch(std::span<const CommitItem> items,
+                                                        BusinessWrite&& business) {
     std::vector<std::string_view> keys, results;
     std::vector<std::int64_t> fences;
     for (const CommitItem& item : items) {
@@ -633,47 +635,23 @@ class PostgresStore {
     const std::string key_array = detail::pq::bytea_array_param(keys);
     const std::string fence_array = detail::pq::bigint_array_param(fences);
     const std::string result_array = detail::pq::bytea_array_param(results);
-    std::vector<CommitStatus> statuses(items.size(), CommitStatus::lost_lease);
     try {
-      run([&](pqxx::connection& c) {
+      const bool all_held = run([&](pqxx::connection& c) {
         pqxx::work tx(c);
+        for (std::size_t i = 0; i < items.size(); ++i) business(tx, i);
         const pqxx::result updated = detail::pq::exec_prepared(
             tx, "idemgate_commit_batch", key_array, fence_array, result_array);
-        std::vector<bool> held(items.size(), false);
-        for (const pqxx::row& row : updated)
-          held[static_cast<std::size_t>(detail::pq::int_field(row[0]) - 1)] = true;
-        for (std::size_t i = 0; i < items.size(); ++i) {
-          if (held[i]) {
-            business(tx, i);
-            statuses[i] = CommitStatus::committed;
-          } else {
-            statuses[i] = settled_earlier(tx, detail::pq::bytea_param(items[i].key.view()),
-                                          items[i].fence, RecordStatus::committed);
-          }
-        }
+        if (updated.size() != items.size()) return false;  // rolled back on leaving
         tx.commit();
-        return 0;
+        return true;
       });
-      return statuses;
-    } catch (const pqxx::in_doubt_error&) {
-      // Fall through: each item alone; the fences make the repeat safe.
+      if (all_held) return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
     } catch (const StoreError&) {
       throw;
     } catch (const std::exception&) {
-      // A business write refused: commit the items one by one below.
+      // A business write refused, or the COMMIT's fate is unknown: item by item decides.
     }
-    std::exception_ptr first_error;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      try {
-        statuses[i] = commit(items[i].key, items[i].fence, items[i].result,
-                             [&](transaction& tx) { business(tx, i); });
-      } catch (...) {
-        statuses[i] = CommitStatus::lost_lease;
-        if (!first_error) first_error = std::current_exception();
-      }
-    }
-    if (first_error) std::rethrow_exception(first_error);
-    return statuses;
+    return std::nullopt;
   }
 
   /// The table this store writes.
@@ -691,7 +669,13 @@ class PostgresStore {
   // exist until migrate() has run.
   void prepare_once(detail::ConnectionPool::Lease& lease) {
     if (lease.ready()) return;
-    prepare(lease.connection());
+    try {
+      prepare(lease.connection());
+    } catch (...) {
+      // Some statements may be prepared already: start the next checkout on a new connection.
+      lease.mark_broken();
+      throw;
+    }
     lease.set_ready();
   }
 
@@ -731,6 +715,12 @@ class PostgresStore {
       try {
         prepare_once(lease);
         return work(lease.connection());
+      } catch (const pqxx::deadlock_detected& e) {
+        // Overlapping batches can lock the same rows in different orders; the loser was rolled
+        // back whole, so it runs again.
+        if (attempt >= 5)
+          throw StoreError(std::string("idemgate: kept deadlocking with concurrent work (") +
+                           e.what() + "); nothing was written. Do not ack.");
       } catch (const pqxx::broken_connection& e) {
         lease.mark_broken();
         if (attempt >= 2)
@@ -750,10 +740,17 @@ class PostgresStore {
 
   // After a fenced update touched no row: was it this fence's own earlier attempt that landed?
   // Asked on the caller's connection: a second checkout could wait on a pool of one.
+  // With relaxed reservations, a row that is gone altogether was lost in a database crash: no
+  // one else holds the event, so this delivery must not be acked.
   template <class Transaction>
-  static CommitStatus settled_earlier(Transaction& tx, const std::string& key_param,
-                                      std::int64_t fence, RecordStatus target) {
+  CommitStatus settled_earlier(Transaction& tx, const std::string& key_param, std::int64_t fence,
+                               RecordStatus target) const {
     const pqxx::result rows = detail::pq::exec_prepared(tx, "idemgate_settled", key_param);
+    if (rows.empty() && relaxed_pool_)
+      throw StoreError("idemgate: the reservation of this event is gone from " + table_ +
+                       " (a relaxed reservation lost in a database crash?); nothing was "
+                       "committed. Do not ack: the redelivery reserves it again and the "
+                       "downstream returns the original outcome for the key.");
     if (!rows.empty() && parse_record_status(detail::pq::text_field(rows[0][0])) == target &&
         detail::pq::int_field(rows[0][1]) == fence)
       return CommitStatus::committed;
