@@ -278,3 +278,17 @@ TEST(Gate, StoresTheRequestAndItsFingerprintWithTheReservation) {
   EXPECT_EQ(gate.decode_request(row->request), msku);
   EXPECT_EQ(row->fingerprint, idemgate::detail::sha256(row->request));
 }
+
+TEST(Gate, UnusableLeaseIsRefusedAtConstruction) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  MemoryBookings bookings;
+  auto make = [&](std::chrono::milliseconds lease) {
+    Gate gate{store, terminal, bookings.writer(), {.lease = lease}};
+    (void)gate;
+  };
+  EXPECT_THROW(make(0ms), std::invalid_argument);
+  EXPECT_THROW(make(-5s), std::invalid_argument);
+  EXPECT_THROW(make(std::chrono::hours(24 * 400)), std::invalid_argument);
+  EXPECT_NO_THROW(make(2min));
+}

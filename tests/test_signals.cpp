@@ -242,6 +242,21 @@ TEST(Prometheus, PromtoolAcceptsTheExposition) {
   std::remove(path.c_str());
 }
 
+TEST(Retention, TheWindowRunsFromWhenTheEventFinishedNotWhenItWasReserved) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  Gate gate{store, terminal, no_booking(), {.lease = 30s}};
+  const Key key = idemgate::derive_key("late", "1");
+  const std::string bytes = gate.encode_request({"C", "w"});
+  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 30s);
+  clock.advance(8 * 24h);  // stuck in flight for eight days, then finished
+  EXPECT_EQ(gate.process(key, {"C", "w"}).status(), Status::processed);
+  idemgate::Retention retention{store, {.keep = 7 * 24h, .interval = 1h, .batch = 10}};
+  EXPECT_EQ(retention.run_once(), 0u) << "finished a moment ago: a duplicate may still come";
+  EXPECT_EQ(gate.process(key, {"C", "w"}).status(), Status::duplicate);
+}
+
 TEST(Retention, PurgesFinishedRowsPastTheWindowAndNothingElse) {
   Clock clock;
   MemoryStore store(clock.fn());

@@ -91,6 +91,11 @@ class Gate {
         options_(options),
         observer_(observer),
         cache_(options.cache_capacity) {
+    if (options.lease <= std::chrono::milliseconds(0) ||
+        options.lease > std::chrono::hours(24 * 365))
+      throw std::invalid_argument(
+          "idemgate: GateOptions::lease must be positive and at most a year; set it a bit above "
+          "the longest plausible processing time (default 2 minutes)");
     if constexpr (!Downstream::honours_idempotency_key &&
                   requires { store.relaxed_reservations(); }) {
       if (store.relaxed_reservations())

@@ -217,7 +217,7 @@ class MemoryStore {
     return newest;
   }
 
-  /// Deletes committed and failed rows reserved more than `older_than` ago, `batch` per lock;
+  /// Deletes committed and failed rows that finished more than `older_than` ago, `batch` per lock;
   /// never in-flight or escalated rows. Returns how many it deleted.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
     std::size_t deleted = 0;
@@ -228,7 +228,7 @@ class MemoryStore {
       for (auto it = rows_.begin(); it != rows_.end() && this_batch < batch;) {
         const Record& row = it->second;
         if ((row.status == RecordStatus::committed || row.status == RecordStatus::failed) &&
-            row.created_at < cutoff) {
+            row.created_at < cutoff && row.updated_at < cutoff) {
           it = rows_.erase(it);
           ++this_batch;
         } else {

@@ -394,7 +394,7 @@ class PostgresStore {
     return found;
   }
 
-  /// Deletes committed and failed rows reserved more than `older_than` ago, `batch` rows per
+  /// Deletes committed and failed rows that finished more than `older_than` ago, `batch` rows per
   /// statement (each its own short transaction, skipping rows locked by live traffic); never
   /// in-flight or escalated rows. Returns how many it deleted.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {

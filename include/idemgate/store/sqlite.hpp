@@ -738,7 +738,7 @@ class SqliteStore {
   }
 
   /**
-   * Deletes committed and failed rows reserved more than `older_than` ago, never in-flight or
+   * Deletes committed and failed rows that finished more than `older_than` ago, never in-flight or
    * escalated rows, and returns how many it deleted. Each batch of at most `batch` rows is its
    * own short write transaction, so workers (threads and processes) reserve between batches.
    *
@@ -860,7 +860,8 @@ class SqliteStore {
     s.mismatches = "SELECT key, stored, observed, source, at FROM " + t +
                    "_mismatches ORDER BY at DESC, rowid DESC LIMIT ?1";
     s.purge = "DELETE FROM " + t + " WHERE key IN (SELECT key FROM " + t +
-              " WHERE created_at < ?1 AND status IN ('committed', 'failed') LIMIT ?2)";
+              " WHERE created_at < ?1 AND updated_at < ?1 AND status IN ('committed', 'failed') "
+              "LIMIT ?2)";
     return s;
   }
 
