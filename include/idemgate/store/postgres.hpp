@@ -255,12 +255,9 @@ class PostgresStore {
       } catch (const pqxx::in_doubt_error& e) {
         lease.mark_broken();
         if (attempt >= options_.commit_attempts) throw commit_unknown(key, e);
-      } catch (const pqxx::undefined_table& e) {
-        if (names_log_table(e)) throw missing_table();
-        throw;  // the business write's own table: its error, unchanged
-      } catch (const pqxx::undefined_column& e) {
-        if (names_log_table(e)) throw outdated_table();
-        throw;
+      } catch (const pqxx::sql_error& e) {
+        throw_if_log_schema_error(e);
+        throw;  // anything else, the business write's own errors included, unchanged
       }
     }
   }
@@ -728,12 +725,9 @@ class PostgresStore {
                            pool.redacted_uri() + " (" + e.what() +
                            "). Do not ack; the redelivery will try again once the database is "
                            "back.");
-      } catch (const pqxx::undefined_table& e) {
-        if (names_log_table(e)) throw missing_table();
-        throw;  // the business write's own table: its error, unchanged
-      } catch (const pqxx::undefined_column& e) {
-        if (names_log_table(e)) throw outdated_table();
-        throw;
+      } catch (const pqxx::sql_error& e) {
+        throw_if_log_schema_error(e);
+        throw;  // anything else, the business write's own errors included, unchanged
       }
     }
   }
@@ -768,6 +762,14 @@ class PostgresStore {
         return CommitStatus::committed;
       return settled_earlier(tx, key_param, fence, target);
     });
+  }
+
+  // A missing or outdated log table becomes a StoreError that says to migrate; a missing table
+  // of the caller's business write keeps its own error.
+  void throw_if_log_schema_error(const pqxx::sql_error& e) const {
+    if (!names_log_table(e)) return;
+    if (dynamic_cast<const pqxx::undefined_table*>(&e) != nullptr) throw missing_table();
+    if (dynamic_cast<const pqxx::undefined_column*>(&e) != nullptr) throw outdated_table();
   }
 
   // Whether a schema error is about the log (not about a table of the caller's business write).
