@@ -33,6 +33,9 @@
 
 namespace {
 
+using idemgate::bench::expect_processed;
+using idemgate::bench::guarded;
+
 namespace pg = idemgate::bench::pg;
 using idemgate::bench::Latencies;
 using idemgate::bench::NoopDownstream;
@@ -117,22 +120,6 @@ GatedStore& cached_gate() {
 GatedStore& worker_gate() {
   static GatedStore gated(settings.uri, store_options(4));
   return gated;
-}
-
-// Runs a benchmark body; a failure marks the run failed instead of ending the process.
-template <class Body>
-void guarded(benchmark::State& state, Body&& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
-void expect_processed(const idemgate::Result<std::string>& result) {
-  if (result.status() != idemgate::Status::processed)
-    throw std::runtime_error("unexpected result: " + std::string(to_string(result.status())) +
-                             " (" + result.reason() + ")");
 }
 
 void gated_event(benchmark::State& state, GatedStore& (*gated)()) {

@@ -32,6 +32,9 @@
 
 namespace {
 
+using idemgate::bench::expect_processed;
+using idemgate::bench::guarded;
+
 using idemgate::bench::NoopDownstream;
 using idemgate::bench::timed_events;
 
@@ -175,21 +178,6 @@ struct Shared {
 Shared& shared() {
   static Shared instance;
   return instance;
-}
-
-template <class Body>
-void guarded(benchmark::State& state, Body&& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
-void expect_processed(const idemgate::Result<std::string>& result) {
-  if (result.status() != idemgate::Status::processed)
-    throw std::runtime_error("unexpected result: " + std::string(to_string(result.status())) +
-                             " (" + result.reason() + ")");
 }
 
 template <class Write>

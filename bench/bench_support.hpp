@@ -246,4 +246,21 @@ inline int run_benchmarks(int argc, char** argv) {
   return console.failed() ? 1 : 0;
 }
 
+/// Runs a benchmark body; a failure marks the run failed instead of ending the process.
+template <class Body>
+void guarded(benchmark::State& state, Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+/// Throws unless the gate processed the event (a benchmark must not time duplicates by mistake).
+inline void expect_processed(const Result<std::string>& result) {
+  if (result.status() != Status::processed)
+    throw std::runtime_error("unexpected result: " + std::string(to_string(result.status())) +
+                             " (" + result.reason() + ")");
+}
+
 }  // namespace idemgate::bench

@@ -44,15 +44,9 @@ class OwnDatabase {
   const std::string& uri() const { return uri_; }
   const std::string& name() const { return name_; }
 
-  void exec(const std::string& sql) const {
-    pqxx::connection c(uri_);
-    pqxx::nontransaction tx(c);
-    pq::exec(tx, sql);
-  }
+  void exec(const std::string& sql) const { idemgate::test::pg_exec_on(uri_, sql); }
   std::int64_t count(const std::string& sql) const {
-    pqxx::connection c(uri_);
-    pqxx::nontransaction tx(c);
-    return pq::exec(tx, sql)[0][0].as<std::int64_t>();
+    return idemgate::test::pg_count_on(uri_, sql);
   }
 
  private:

@@ -29,24 +29,14 @@ using idemgate::RecordStatus;
 using idemgate::Status;
 using idemgate::test::FakeTerminal;
 using idemgate::test::pg_count;
+using idemgate::test::pg_count_on;
 using idemgate::test::pg_exec;
+using idemgate::test::pg_exec_on;
 using idemgate::test::SlotRequest;
 namespace pq = idemgate::detail::pq;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::int64_t count_on(const std::string& uri, const std::string& sql) {
-  pqxx::connection c(uri);
-  pqxx::nontransaction tx(c);
-  return pq::exec(tx, sql)[0][0].as<std::int64_t>();
-}
-
-void exec_on(const std::string& uri, const std::string& sql) {
-  pqxx::connection c(uri);
-  pqxx::nontransaction tx(c);
-  pq::exec(tx, sql);
-}
 
 std::string bookings_ddl(const std::string& table) {
   return "DROP TABLE IF EXISTS " + table + "; CREATE TABLE " + table +
@@ -67,19 +57,19 @@ auto booking_writer(std::string table) {
 /// The invariants every scenario ends with.
 void expect_invariants(const std::string& uri, const std::string& log, const std::string& bookings,
                        std::int64_t events) {
-  EXPECT_EQ(count_on(uri, "SELECT count(*) FROM " + bookings), events) << "one row per event";
-  EXPECT_EQ(count_on(uri, "SELECT count(DISTINCT source_event) FROM " + bookings), events);
-  EXPECT_EQ(count_on(uri, "SELECT count(*) FROM " + log + " WHERE status = 'in_flight'"), 0)
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + bookings), events) << "one row per event";
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(DISTINCT source_event) FROM " + bookings), events);
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + log + " WHERE status = 'in_flight'"), 0)
       << "nothing left in flight after the final reconciler pass";
-  EXPECT_EQ(count_on(uri, "SELECT count(*) FROM " + log +
-                              " l WHERE status = 'committed' AND NOT "
-                              "EXISTS (SELECT 1 FROM " +
-                              bookings + " b WHERE b.source_event = l.key)"),
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + log +
+                                 " l WHERE status = 'committed' AND NOT "
+                                 "EXISTS (SELECT 1 FROM " +
+                                 bookings + " b WHERE b.source_event = l.key)"),
             0)
       << "no committed status without its business row";
-  EXPECT_EQ(count_on(uri, "SELECT count(*) FROM " + bookings + " b JOIN " + log +
-                              " l ON l.key = b.source_event WHERE l.result <> "
-                              "convert_to(b.slot_id, 'UTF8')"),
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + bookings + " b JOIN " + log +
+                                 " l ON l.key = b.source_event WHERE l.result <> "
+                                 "convert_to(b.slot_id, 'UTF8')"),
             0)
       << "the booked slot is the stored outcome";
 }
@@ -228,7 +218,7 @@ TEST(PostgresRestart, ServerRestartMidRunOfAThousandEventsLosesAndDoublesNothing
   idemgate::test::PgCluster cluster;
   const std::string uri = cluster.uri();
   const std::string log = "idemgate_log", bookings = "bookings";
-  exec_on(uri, bookings_ddl(bookings));
+  pg_exec_on(uri, bookings_ddl(bookings));
   PostgresStore store(uri, {.table = log, .pool_size = 4, .checkout_timeout = 60s});
   store.migrate();
   FakeTerminal<> fake;

@@ -39,16 +39,26 @@ inline std::string unique_table(const std::string& stem) {
   return name;
 }
 
-/// Runs one statement on its own connection.
-inline pqxx::result pg_exec(const std::string& sql) {
-  pqxx::connection connection(pg_uri());
+/// Runs one statement on its own connection to `uri`.
+inline pqxx::result pg_exec_on(const std::string& uri, const std::string& sql) {
+  pqxx::connection connection(uri);
   pqxx::nontransaction tx(connection);
   return detail::pq::exec(tx, sql);
 }
 
-/// A single integer from a query.
+/// A single integer from a query on its own connection to `uri`.
+inline std::int64_t pg_count_on(const std::string& uri, const std::string& sql) {
+  return pg_exec_on(uri, sql)[0][0].as<std::int64_t>();
+}
+
+/// Runs one statement on the test server.
+inline pqxx::result pg_exec(const std::string& sql) {
+  return pg_exec_on(pg_uri(), sql);
+}
+
+/// A single integer from a query on the test server.
 inline std::int64_t pg_count(const std::string& sql) {
-  return pg_exec(sql)[0][0].as<std::int64_t>();
+  return pg_count_on(pg_uri(), sql);
 }
 
 }  // namespace idemgate::test

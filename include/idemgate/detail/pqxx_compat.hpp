@@ -45,31 +45,32 @@ pqxx::result exec(Transaction& tx, const std::string& sql) {
   return tx.exec(sql);
 }
 
-/// A byte string as a bytea parameter in text form (`\x` + hex): the same on every version.
-inline std::string bytea_param(std::string_view bytes) {
+/// Appends `bytes` as lowercase hex digits.
+inline void append_hex(std::string& out, std::string_view bytes) {
   static constexpr char digits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 + bytes.size() * 2);
-  out += "\\x";
   for (unsigned char c : bytes) {
     out += digits[c >> 4];
     out += digits[c & 0x0f];
   }
+}
+
+/// A byte string as a bytea parameter in text form (`\x` + hex): the same on every version.
+inline std::string bytea_param(std::string_view bytes) {
+  std::string out;
+  out.reserve(2 + bytes.size() * 2);
+  out += "\\x";
+  append_hex(out, bytes);
   return out;
 }
 
 /// Byte strings as a `bytea[]` parameter in text form: `{"\\x…","\\x…"}`.
 template <class Range>
 std::string bytea_array_param(const Range& values) {
-  static constexpr char digits[] = "0123456789abcdef";
   std::string out = "{";
   for (std::string_view bytes : values) {
     if (out.size() > 1) out += ',';
     out += "\"\\\\x";
-    for (unsigned char c : bytes) {
-      out += digits[c >> 4];
-      out += digits[c & 0x0f];
-    }
+    append_hex(out, bytes);
     out += '"';
   }
   out += '}';
