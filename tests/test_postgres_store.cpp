@@ -445,6 +445,36 @@ TEST_F(PostgresGate, BusinessWriteOnAMissingTableKeepsItsOwnError) {
   EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight);
 }
 
+TEST_F(PostgresGate, BusinessWriteThatSwallowsItsOwnSqlErrorLeavesNoHalfState) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  Gate gate{*store,
+            terminal,
+            [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+              try {
+                pq::exec(tx, "SELECT 1 / 0");  // aborts the transaction on the server
+              } catch (const pqxx::sql_error&) {
+                // a common idiom: ignore and carry on
+              }
+              booking_writer()(tx, key, r, slot);
+            },
+            {.cache_capacity = 16}};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-swallow", msku.container);
+  // The fenced update runs after the business write, so the aborted transaction surfaces as an
+  // exception instead of a "processed" whose COMMIT rolled back; and never a booking without its
+  // committed status, nor the reverse.
+  EXPECT_ANY_THROW((void)gate.process(key, msku));
+  expect_no_half_state();
+  EXPECT_LE(booking_count(), 1);
+  try {
+    (void)gate.process(key, msku);
+  } catch (const std::exception&) {
+    // the business write still swallows; what matters is what the database holds
+  }
+  expect_no_half_state();
+  EXPECT_LE(booking_count(), 1);
+}
+
 TEST(PostgresStore, MissingTableSaysToMigrate) {
   const std::string uri = idemgate::test::pg_uri();
   ASSERT_FALSE(uri.empty());
