@@ -129,6 +129,9 @@ struct Record {
   std::chrono::system_clock::time_point lease_until;
   /// How many later reservations met this key (duplicates, replays, in-flight collisions).
   std::int64_t duplicates = 0;
+  /// How many attempts held this event: 1 for the first reservation, plus one for every
+  /// takeover (a redelivery after an expired lease, a reconciler pass, a re-drive).
+  std::int64_t attempts = 0;
 };
 
 /// A downstream answer for a key that differed from the stored one (healthy: never).
@@ -153,6 +156,8 @@ struct Stranded {
   std::int64_t fence = 0;
   /// The request's canonical bytes.
   std::string request;
+  /// Attempts that held this event, this takeover included (see `Record::attempts`).
+  std::int64_t attempts = 0;
 };
 
 /// One key of a batch reservation.

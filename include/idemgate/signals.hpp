@@ -36,6 +36,12 @@ struct StoreSignals {
   std::int64_t mismatched_keys = 0;
   /// Every mismatch ever recorded (a counter: it only grows, until purged).
   std::int64_t mismatches_total = 0;
+  /// In-flight rows held by more than one attempt so far: work that failed or stalled before
+  /// and is being retried. A number that keeps growing means poison rows.
+  std::int64_t retrying = 0;
+  /// Bytes in the store's write-ahead log file, where the store keeps one of its own (SQLite);
+  /// nullopt elsewhere.
+  std::optional<std::int64_t> wal_bytes;
 
   /// Duplicates ÷ events; 0 without events. Normal: 1–3 %.
   [[nodiscard]] double duplicate_ratio() const noexcept {
