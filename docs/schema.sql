@@ -12,12 +12,17 @@ CREATE TABLE IF NOT EXISTS idemgate_log (
   result      bytea,
   reason      text,
   duplicates  bigint      NOT NULL DEFAULT 0,
+  holder      bigint      NOT NULL DEFAULT 0,
+  attempts    bigint      NOT NULL DEFAULT 1,
   created_at  timestamptz NOT NULL DEFAULT now(),
   updated_at  timestamptz NOT NULL DEFAULT now(),
   CHECK (status <> 'committed' OR result IS NOT NULL)
 );
 -- Added in 0.1: logs created before it gain the column here.
 ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS duplicates bigint NOT NULL DEFAULT 0;
+-- Added in 0.2: the attempt that holds a row, and how many attempts held it.
+ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS holder bigint NOT NULL DEFAULT 0;
+ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS attempts bigint NOT NULL DEFAULT 1;
 -- Stranded work: the reconciler's scan and the oldest in-flight row.
 CREATE INDEX IF NOT EXISTS idemgate_log_in_flight ON idemgate_log (lease_until) WHERE status = 'in_flight';
 -- The manual queue.

@@ -4,6 +4,7 @@
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
 
+#include <idemgate/detail/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/store/memory.hpp>
 #include <idemgate/store/postgres.hpp>
@@ -11,8 +12,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 using idemgate::BatchMessage;
@@ -154,9 +158,40 @@ TEST(RoundTrips, BatchOfTenReservesInOneStatementAndCommitsInOneTransaction) {
   const auto result = gate.process_batch(batch);
   const auto calls = statements_in(db);
   for (const auto& item : result.items()) EXPECT_EQ(item.result.status(), Status::processed);
-  // One reservation, BEGIN, one fenced update, ten business inserts, COMMIT.
-  EXPECT_EQ(total(calls), 14) << describe(calls);
+  // One reservation, BEGIN, ten business inserts each followed by its fenced update (so that a
+  // business write that breaks the transaction is caught before the next one runs), COMMIT.
+  EXPECT_EQ(total(calls), 23) << describe(calls);
   EXPECT_EQ(db.count("SELECT count(*) FROM bookings"), 11);
+}
+
+TEST(Batch, ABatchLongerThanItsLeaseKeepsItsLeasesOnPostgres) {
+  ASSERT_FALSE(idemgate::test::pg_uri().empty());
+  OwnDatabase db;
+  db.exec("CREATE TABLE bookings (source_event bytea, container text, slot text)");
+  PostgresStore store(db.uri());
+  store.migrate();
+  PostgresStore other(db.uri());  // a second consumer, where the redelivery lands
+  FakeTerminal<> terminal;
+  terminal.set_delay(80ms);  // 10 claims: 800 ms against a lease of 300 ms
+  Gate gate{store, terminal, booking("bookings"), {.lease = 300ms}};
+  std::vector<BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 10; ++i)
+    batch.push_back({"msg-" + std::to_string(i),
+                     idemgate::derive_key("slow", std::to_string(i)),
+                     {"C" + std::to_string(i), "w"}});
+  std::atomic<int> taken_over{0};
+  std::thread redelivery([&] {
+    std::this_thread::sleep_for(600ms);
+    const std::string bytes = gate.encode_request(batch.back().request);
+    const auto r = other.reserve(batch.back().key, idemgate::detail::sha256(bytes), bytes, 300ms);
+    if (r.kind != idemgate::Reservation::Kind::existing) ++taken_over;
+  });
+  const auto result = gate.process_batch(batch);
+  redelivery.join();
+  EXPECT_EQ(taken_over.load(), 0) << "the batch's own lease was still live";
+  for (const auto& item : result.items())
+    EXPECT_EQ(item.result.status(), Status::processed) << item.message_id;
+  EXPECT_EQ(db.count("SELECT count(*) FROM bookings"), 10);
 }
 
 TEST(Batch, ResultsPerMessageWithDuplicatesInsideTheBatchAndRetryIds) {

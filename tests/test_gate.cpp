@@ -3,16 +3,21 @@
 #include "support/memory_bookings.hpp"
 #include "support/slot_request.hpp"
 
+#include <idemgate/detail/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/store/memory.hpp>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
 
 using idemgate::Gate;
 using idemgate::Key;
@@ -291,4 +296,96 @@ TEST(Gate, UnusableLeaseIsRefusedAtConstruction) {
   EXPECT_THROW(make(-5s), std::invalid_argument);
   EXPECT_THROW(make(std::chrono::hours(24 * 400)), std::invalid_argument);
   EXPECT_NO_THROW(make(2min));
+}
+
+TEST(Gate, FailedEventsCanBeRedrivenByKeyAndByTimeRange) {
+  ManualClock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  bool credential_expired = true;
+  terminal.before = [&](const SlotRequest&,
+                        const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (credential_expired) return idemgate::PermanentFailure{"401 token expired"};
+    return std::nullopt;
+  };
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
+  std::vector<Key> keys;
+  for (int i = 0; i < 4; ++i) {
+    keys.push_back(idemgate::derive_key("ect.claim_slot", "CIS-" + std::to_string(i), "C"));
+    EXPECT_EQ(gate.process(keys.back(), msku).status(), Status::failed);
+    clock.advance(1min);
+  }
+  credential_expired = false;
+  EXPECT_EQ(gate.process(keys[0], msku).status(), Status::failed) << "failed stays failed";
+  EXPECT_EQ(store.redrive_failed(keys[0]), 1u);
+  EXPECT_EQ(store.redrive_failed(keys[0]), 0u) << "no longer failed";
+  auto again = gate.process(keys[0], msku);
+  EXPECT_EQ(again.status(), Status::processed);
+  EXPECT_TRUE(again.took_over());
+  const auto start = store.find(keys[1])->updated_at;
+  EXPECT_EQ(store.redrive_failed(start, start + 2min, 10), 2u) << "keys 1 and 2, not 3";
+  EXPECT_EQ(store.find(keys[3])->status, RecordStatus::failed);
+  EXPECT_EQ(gate.process(keys[1], msku).status(), Status::processed);
+  EXPECT_EQ(gate.process(keys[2], msku).status(), Status::processed);
+  EXPECT_EQ(store.find(keys[1])->attempts, 2);
+  EXPECT_EQ(bookings.size(), 3u);
+}
+
+TEST(Gate, ABatchLongerThanItsLeaseKeepsItsLeases) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  terminal.set_delay(60ms);  // 12 claims: 720 ms, three times the lease
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 240ms}};
+  std::vector<idemgate::BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 12; ++i) {
+    const std::string container = "C" + std::to_string(i);
+    batch.push_back({container, idemgate::derive_key("b", container), SlotRequest{container, "w"}});
+  }
+  std::atomic<int> taken_over{0};
+  std::thread redelivery([&] {
+    // The last message comes again while the batch is still calling the downstream.
+    std::this_thread::sleep_for(500ms);
+    const std::string bytes = gate.encode_request(batch.back().request);
+    const auto r = store.reserve(batch.back().key, idemgate::detail::sha256(bytes), bytes, 240ms);
+    if (r.kind != idemgate::Reservation::Kind::existing) ++taken_over;
+  });
+  const auto result = gate.process_batch(batch);
+  redelivery.join();
+  EXPECT_EQ(taken_over.load(), 0) << "the batch's own lease was still live";
+  for (const auto& item : result.items())
+    EXPECT_EQ(item.result.status(), Status::processed) << item.message_id;
+  EXPECT_EQ(bookings.size(), 12u);
+}
+
+TEST(Gate, EscalatedEventWhoseStoredRequestNoLongerDecodesCanBeResolvedByHand) {
+  MemoryStore store;
+  FakeTerminal<false> terminal;
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer()};
+  // Stored by an older version whose codec wrote something this one cannot read.
+  const auto r =
+      store.reserve(key, idemgate::detail::sha256("v1:MSKU7000037"), "v1:MSKU7000037", 1min);
+  ASSERT_EQ(store.escalate(key, r.fence, "no key support"), idemgate::CommitStatus::committed);
+  try {
+    (void)gate.resolve(key, "slot-by-hand");
+    FAIL() << "the stored request does not decode";
+  } catch (const idemgate::CodecError& e) {
+    EXPECT_NE(std::string(e.what()).find("resolve_stored"), std::string::npos) << e.what();
+  }
+  std::string seen;
+  EXPECT_TRUE(gate.resolve_stored(key, "slot-by-hand",
+                                  [&](MemoryStore::transaction& tx, const Key&,
+                                      std::string_view stored, const std::string& slot) {
+                                    seen = std::string(stored);
+                                    tx.on_commit([] {});
+                                    (void)slot;
+                                  }));
+  EXPECT_EQ(seen, "v1:MSKU7000037");
+  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
+  EXPECT_EQ(*store.find(key)->result, "slot-by-hand");
+  EXPECT_FALSE(gate.resolve_stored(key, "again",
+                                   [](auto&, const Key&, std::string_view, const std::string&) {}))
+      << "resolved already";
 }

@@ -197,12 +197,34 @@ TEST(HttpDownstream, SameKeyWithDifferentBodyIsPermanent) {
 
 TEST(HttpDownstream, OtherClientErrorIsPermanent) {
   Terminal terminal;
-  terminal.fail_next_claims(1, 404);
+  terminal.fail_next_claims(1, 410);
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
   const auto result = downstream.claim(msku, key);
   ASSERT_TRUE(result.permanent()) << result.reason();
-  EXPECT_TRUE(contains(result.reason(), "404")) << result.reason();
+  EXPECT_TRUE(contains(result.reason(), "410")) << result.reason();
   EXPECT_TRUE(contains(result.reason(), "injected failure")) << result.reason();
+}
+
+TEST(HttpDownstream, ConfigurationErrorsAreTransientSoTheyFailNoEventForGood) {
+  for (int status : {401, 403, 404, 405, 407, 421}) {
+    Terminal terminal;
+    terminal.fail_next_claims(1, status);
+    HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+    const auto result = downstream.claim(msku, key);
+    EXPECT_TRUE(result.transient()) << status << ": " << result.reason();
+    EXPECT_TRUE(contains(result.reason(), std::to_string(status))) << result.reason();
+    EXPECT_TRUE(contains(result.reason(), "set-up")) << result.reason();
+    EXPECT_TRUE(downstream.claim(msku, key).ok()) << "fixed: the next claim goes through";
+  }
+}
+
+TEST(HttpDownstream, ConfigurationStatusesCanBeMadePermanent) {
+  Terminal terminal;
+  terminal.fail_next_claims(1, 404);
+  HttpOptions options = fast();
+  options.configuration_statuses = {401, 403};
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), options};
+  EXPECT_TRUE(downstream.claim(msku, key).permanent());
 }
 
 TEST(HttpDownstream, ConflictWhileSameKeyIsInProgressIsTransient) {

@@ -147,7 +147,7 @@ TEST(Reconciler, EscalatesWhenTheDownstreamNeitherHonoursKeysNorLooksUp) {
   EXPECT_NE(parked[0].reason.find("Idempotency-Key"), std::string::npos);
 }
 
-TEST(Reconciler, TransientLookupFailureLeavesTheRowForALaterPass) {
+TEST(Reconciler, FailingLookupFallsBackToAClaimUnderTheSameKey) {
   Clock clock;
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
@@ -159,16 +159,79 @@ TEST(Reconciler, TransientLookupFailureLeavesTheRowForALaterPass) {
   Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
   EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
   terminal.after = nullptr;
-  terminal.lookup_down = true;
+  terminal.lookup_down = true;  // e.g. 401/403/405/410 from a lookup endpoint, for ever
   clock.advance(31s);
   Reconciler reconciler{gate, fast};
-  EXPECT_EQ(reconciler.run_once().deferred, 1u);
-  EXPECT_EQ(store.find(key)->status, RecordStatus::in_flight) << "never released: no message";
-  terminal.lookup_down = false;
-  clock.advance(31s);
-  EXPECT_EQ(reconciler.run_once().found, 1u);
+  const auto report = reconciler.run_once();
+  EXPECT_EQ(report.reclaimed, 1u) << "a downstream that honours keys is safe to claim again";
+  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
   EXPECT_EQ(bookings.size(), 1u);
-  EXPECT_EQ(terminal.calls(), 1);
+  EXPECT_EQ(terminal.slots_issued(), 1) << "the repeated claim returned the original slot";
+}
+
+TEST(Reconciler, LookupThatKeepsFailingIsEscalatedWithItsReasonAfterMaxAttempts) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<false> terminal;  // cannot take keys: only its lookup may finish the event
+  Bookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  const std::string bytes = gate.encode_request(msku);
+  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 500ms);  // the worker died
+  terminal.lookup_down = true;
+  Reconciler reconciler{gate,
+                        {.interval = 10ms, .stale_after = 0ms, .batch = 10, .max_attempts = 3}};
+  std::size_t deferred = 0;
+  for (int pass = 0; pass < 10 && store.find(key)->status == RecordStatus::in_flight; ++pass) {
+    clock.advance(1s);
+    deferred += reconciler.run_once().deferred;
+  }
+  EXPECT_EQ(deferred, 2u) << "attempts 2 and 3 tried the lookup; attempt 4 gave up";
+  const auto row = store.find(key);
+  EXPECT_EQ(row->status, RecordStatus::escalated);
+  EXPECT_NE(row->reason.find("lookup endpoint unavailable"), std::string::npos) << row->reason;
+  EXPECT_NE(row->reason.find("gave up after 3 attempts"), std::string::npos) << row->reason;
+  EXPECT_EQ(terminal.calls(), 0) << "never claimed: the downstream cannot take keys";
+  EXPECT_EQ(bookings.size(), 0u);
+}
+
+TEST(Reconciler, PoisonRowIsEscalatedWithTheLastErrorInsteadOfRetakenForever) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  int writes = 0;
+  Gate gate{store,
+            terminal,
+            [&](MemoryStore::transaction&, const SlotRequest&, const std::string&) {
+              ++writes;
+              throw std::runtime_error("tms_bookings: column \"slot\" is too short");
+            },
+            {.lease = 30s}};
+  EXPECT_THROW((void)gate.process(key, msku), std::runtime_error);
+  Reconciler reconciler{gate,
+                        {.interval = 10ms, .stale_after = 0ms, .batch = 10, .max_attempts = 4}};
+  std::size_t given_up = 0;
+  for (int pass = 0; pass < 20; ++pass) {
+    clock.advance(1s);
+    given_up += reconciler.run_once().given_up;
+  }
+  EXPECT_EQ(given_up, 1u);
+  EXPECT_EQ(writes, 4) << "the first delivery and three reconciler attempts, then no more";
+  const auto row = store.find(key);
+  EXPECT_EQ(row->status, RecordStatus::escalated);
+  EXPECT_EQ(row->attempts, 5);
+  EXPECT_NE(row->reason.find("is too short"), std::string::npos) << row->reason;
+  EXPECT_EQ(store.signals(1h).retrying, 0) << "escalated, so no longer in flight";
+}
+
+TEST(Reconciler, RetryingRowsAreCounted) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  const auto fingerprint = idemgate::detail::sha256("r");
+  (void)store.reserve(key, fingerprint, "r", 1s);
+  EXPECT_EQ(store.signals(1h).retrying, 0);
+  clock.advance(2s);
+  EXPECT_EQ(store.take_stale(10, 0ms, 1s).at(0).attempts, 2);
+  EXPECT_EQ(store.signals(1h).retrying, 1);
 }
 
 TEST(Reconciler, StoresAPermanentFailureFromTheReclaim) {

@@ -349,8 +349,9 @@ TYPED_TEST(StoreConformance, CommitUnderAStaleFenceLosesTheLeaseAndWritesNothing
   ASSERT_EQ(second.kind, Reservation::Kind::taken_over);
   EXPECT_EQ(this->store().commit(key, first.fence, "slot-old", this->writer(key)),
             CommitStatus::lost_lease);
-  EXPECT_EQ(this->store().commit(key, second.fence + 5, "slot-future", this->writer(key)),
-            CommitStatus::lost_lease);
+  EXPECT_THROW((void)this->store().commit(key, second.fence + 5, "slot-future", this->writer(key)),
+               idemgate::StoreError)
+      << "a fence above the stored one: the caller's own takeover was lost; never acked";
   EXPECT_EQ(this->traits_.business_rows(), 0);
   const auto row = this->store().find(key);
   EXPECT_EQ(row->status, RecordStatus::in_flight);
@@ -360,8 +361,9 @@ TYPED_TEST(StoreConformance, CommitUnderAStaleFenceLosesTheLeaseAndWritesNothing
             CommitStatus::committed);
   EXPECT_EQ(this->traits_.business_rows_for(key), 1);
   EXPECT_EQ(this->store().find(key)->result, "slot-new");
-  EXPECT_EQ(this->store().commit(key_of("never reserved"), 1, "slot", this->writer(key)),
-            CommitStatus::lost_lease);
+  EXPECT_THROW((void)this->store().commit(key_of("never reserved"), 1, "slot", this->writer(key)),
+               idemgate::StoreError)
+      << "no row: the caller's reservation was lost; never acked";
   EXPECT_EQ(this->traits_.business_rows(), 1);
 }
 
@@ -402,7 +404,9 @@ TYPED_TEST(StoreConformance, RepeatedCommitUnderTheSameFenceIsCommittedWithoutRe
 TYPED_TEST(StoreConformance, FailIsFencedAndTheNextReservationSeesTheReason) {
   const Key key = key_of("fail");
   const Reservation r = this->reserve(key);
-  EXPECT_EQ(this->store().fail(key, r.fence + 1, "wrong fence"), CommitStatus::lost_lease);
+  EXPECT_THROW((void)this->store().fail(key, r.fence + 1, "a takeover lost in a crash"),
+               idemgate::StoreError)
+      << "a fence above the stored one means the caller's own takeover is gone: not acked";
   EXPECT_EQ(this->status_of(key), RecordStatus::in_flight);
   EXPECT_EQ(this->store().fail(key, r.fence, "422 unknown container"), CommitStatus::committed);
   const Reservation again = this->reserve(key);
@@ -415,7 +419,8 @@ TYPED_TEST(StoreConformance, FailIsFencedAndTheNextReservationSeesTheReason) {
   EXPECT_EQ(this->store().escalate(key, r.fence, "late"), CommitStatus::lost_lease);
   EXPECT_EQ(this->status_of(key), RecordStatus::failed);
   EXPECT_EQ(this->traits_.business_rows(), 0);
-  EXPECT_EQ(this->store().fail(key_of("never reserved"), 1, "x"), CommitStatus::lost_lease);
+  EXPECT_THROW((void)this->store().fail(key_of("never reserved"), 1, "x"), idemgate::StoreError)
+      << "no row: nobody holds the event, so the answer must not be acked";
 }
 
 TYPED_TEST(StoreConformance, EscalateIsFencedAndTheNextReservationSeesTheReason) {

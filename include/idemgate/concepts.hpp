@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -47,6 +48,32 @@ concept store = requires(S& s, const Key& key, const Fingerprint& fingerprint,
   { s.take_stale(limit, duration, duration) } -> std::same_as<std::vector<Stranded>>;
   { s.escalated(limit) } -> std::same_as<std::vector<Record>>;
   { s.resolve(key, bytes, write) } -> std::same_as<bool>;
+};
+
+/// Concept: a store that keeps why an attempt gave its event back (`release` with a reason); the
+/// reconciler shows that reason when it gives up on the event.
+template <class S>
+concept explaining_store = store<S> &&
+    requires(S& s, const Key& key, std::int64_t fence, std::string_view reason) {
+  { s.release(key, fence, reason) } -> std::same_as<bool>;
+};
+
+/// Concept: a store that extends leases a caller still holds, in one call (long batches and
+/// reconciler passes keep their leases with it). Returns how many leases were extended.
+template <class S>
+concept lease_extending_store = store<S> &&
+    requires(S& s, std::span<const HeldLease> held, std::chrono::milliseconds lease) {
+  { s.extend(held, lease) } -> std::same_as<std::size_t>;
+};
+
+/// Concept: a store whose failed events an operator can re-drive: the row goes back in flight
+/// under a new fence with its lease ended, so the next delivery or the reconciler claims again
+/// under the same key.
+template <class S>
+concept redrivable_store = store<S> &&
+    requires(S& s, const Key& key, std::chrono::system_clock::time_point at, std::size_t limit) {
+  { s.redrive_failed(key) } -> std::same_as<std::size_t>;
+  { s.redrive_failed(at, at, limit) } -> std::same_as<std::size_t>;
 };
 
 /**

@@ -15,6 +15,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -41,6 +42,46 @@ struct GateOptions {
   /// through the observer's counts instead.
   std::size_t cache_capacity = 0;
 };
+
+namespace detail {
+
+/// Keeps the leases of a batch alive while its events are worked through one after another: every
+/// third of the lease, one `extend` call renews every lease still held. A no-op on a store that
+/// cannot extend leases.
+template <class Store>
+class LeaseKeeper {
+ public:
+  LeaseKeeper(Store& store, std::chrono::milliseconds lease) : store_(store), lease_(lease) {}
+
+  /// Starts keeping `held` alive (from now).
+  void hold(std::vector<HeldLease> held) {
+    held_ = std::move(held);
+    renewed_ = std::chrono::steady_clock::now();
+  }
+
+  /// Stops keeping the lease of `key` alive (it was settled).
+  void drop(const Key& key) {
+    std::erase_if(held_, [&](const HeldLease& h) { return h.key == key; });
+  }
+
+  /// Extends the leases still held when a third of the lease has passed since the last renewal.
+  void keep_alive() {
+    if constexpr (lease_extending_store<Store>) {
+      const auto now = std::chrono::steady_clock::now();
+      if (held_.empty() || now - renewed_ < lease_ / 3) return;
+      store_.extend(held_, lease_);
+      renewed_ = now;
+    }
+  }
+
+ private:
+  Store& store_;
+  std::chrono::milliseconds lease_;
+  std::vector<HeldLease> held_;
+  std::chrono::steady_clock::time_point renewed_;
+};
+
+}  // namespace detail
 
 /// The default business write's type: a callable taking the store's transaction, the request and
 /// the downstream's outcome. Any callable that also takes the key after the transaction works.
@@ -171,30 +212,49 @@ class Gate {
 
     const std::vector<Reservation> reservations =
         reserve_all(messages, pending, bytes, fingerprints);
-    std::vector<std::size_t> to_commit;
-    std::vector<outcome_type> outcomes;
-    for (std::size_t p = 0; p < pending.size(); ++p) {
-      const std::size_t i = pending[p];
-      const Reservation& r = reservations[p];
-      const Key& key = messages[i].key;
-      if (r.kind == Reservation::Kind::existing) {
-        remember(key, fingerprints[i], r);
-        results[i] = answer_existing(r);
-        continue;
-      }
-      if constexpr (!Downstream::honours_idempotency_key) {
-        results[i] = start(key, messages[i].request, fingerprints[i], r);
-      } else {
-        const ClaimResult<outcome_type> answer = claim(key, messages[i].request);
-        if (answer.ok()) {
-          to_commit.push_back(p);
-          outcomes.push_back(answer.outcome());
+    // Every lease this batch holds: kept alive while the downstream is called one event after
+    // another, and given back if the batch cannot finish (a store failure must not leave them
+    // live, or the redeliveries would be answered "in flight" and acked while nobody works).
+    std::vector<HeldLease> held;
+    for (std::size_t p = 0; p < pending.size(); ++p)
+      if (reservations[p].kind != Reservation::Kind::existing)
+        held.push_back({messages[pending[p]].key, reservations[p].fence});
+    detail::LeaseKeeper<Store> keeper(store_, options_.lease);
+    keeper.hold(held);
+    try {
+      std::vector<std::size_t> to_commit;
+      std::vector<outcome_type> outcomes;
+      for (std::size_t p = 0; p < pending.size(); ++p) {
+        const std::size_t i = pending[p];
+        const Reservation& r = reservations[p];
+        const Key& key = messages[i].key;
+        if (r.kind == Reservation::Kind::existing) {
+          remember(key, fingerprints[i], r);
+          results[i] = answer_existing(r);
+          continue;
+        }
+        keeper.keep_alive();
+        if constexpr (!Downstream::honours_idempotency_key) {
+          results[i] = start(key, messages[i].request, fingerprints[i], r);
+          keeper.drop(key);
         } else {
-          results[i] = finish(key, r.fence, messages[i].request, answer);
+          const ClaimResult<outcome_type> answer = claim(key, messages[i].request);
+          if (answer.ok()) {
+            to_commit.push_back(p);
+            outcomes.push_back(answer.outcome());
+          } else {
+            results[i] = finish(key, r.fence, messages[i].request, answer);
+            keeper.drop(key);
+          }
         }
       }
+      keeper.keep_alive();
+      commit_all(messages, pending, reservations, fingerprints, to_commit, outcomes, results,
+                 keeper);
+    } catch (...) {
+      give_back(held);
+      throw;
     }
-    commit_all(messages, pending, reservations, fingerprints, to_commit, outcomes, results);
 
     std::vector<BatchItem<outcome_type>> items;
     items.reserve(n);
@@ -220,7 +280,10 @@ class Gate {
       if (store_.fail(key, fence, reason) == CommitStatus::lost_lease) return lost_lease_result();
       return result_type::because(Status::failed, std::move(reason));
     }
-    store_.release(key, fence);
+    if constexpr (explaining_store<Store>)
+      store_.release(key, fence, answer.reason());
+    else
+      store_.release(key, fence);
     return result_type::because(Status::retry, std::string(answer.reason()));
   }
 
@@ -257,11 +320,35 @@ class Gate {
   bool resolve(const Key& key, const outcome_type& outcome) {
     const std::optional<Record> row = store_.find(key);
     if (!row || row->status != RecordStatus::escalated) return false;
-    const request_type request = decode_request(row->request);
+    std::optional<request_type> request;
+    try {
+      request.emplace(decode_request(row->request));
+    } catch (const std::exception& e) {
+      throw CodecError(std::string("idemgate: the stored request of escalated key ") + key.hex() +
+                       " no longer decodes (" + e.what() +
+                       "); resolve it with Gate::resolve_stored, whose business write gets the "
+                       "stored bytes as they are");
+    }
     std::string outcome_bytes;
     codec<outcome_type>::encode(outcome, outcome_bytes);
     return store_.resolve(key, outcome_bytes, [&](typename Store::transaction& tx) {
-      apply(tx, key, request, outcome);
+      apply(tx, key, *request, outcome);
+    });
+  }
+
+  /// Resolves an escalated event by hand when its stored request no longer decodes (the codec
+  /// changed since it was stored): commits `outcome` with `write(tx, key, stored_request_bytes,
+  /// outcome)` in one transaction. False when the event is not escalated.
+  template <class StoredWrite>
+  requires std::invocable<StoredWrite&, typename Store::transaction&, const Key&, std::string_view,
+                          const outcome_type&>
+  bool resolve_stored(const Key& key, const outcome_type& outcome, StoredWrite&& write) {
+    const std::optional<Record> row = store_.find(key);
+    if (!row || row->status != RecordStatus::escalated) return false;
+    std::string outcome_bytes;
+    codec<outcome_type>::encode(outcome, outcome_bytes);
+    return store_.resolve(key, outcome_bytes, [&](typename Store::transaction& tx) {
+      std::invoke(write, tx, key, std::string_view(row->request), outcome);
     });
   }
 
@@ -368,13 +455,11 @@ class Gate {
     }
   }
 
-  void commit_all(std::span<const BatchMessage<request_type>> messages,
-                  const std::vector<std::size_t>& pending,
-                  const std::vector<Reservation>& reservations,
-                  const std::vector<Fingerprint>& fingerprints,
-                  const std::vector<std::size_t>& to_commit,
-                  const std::vector<outcome_type>& outcomes,
-                  std::vector<std::optional<result_type>>& results) {
+  void commit_all(
+      std::span<const BatchMessage<request_type>> messages, const std::vector<std::size_t>& pending,
+      const std::vector<Reservation>& reservations, const std::vector<Fingerprint>& fingerprints,
+      const std::vector<std::size_t>& to_commit, const std::vector<outcome_type>& outcomes,
+      std::vector<std::optional<result_type>>& results, detail::LeaseKeeper<Store>& keeper) {
     if (to_commit.empty()) return;
     auto settle_one = [&](std::size_t c, CommitStatus status, const std::string& outcome_bytes) {
       const std::size_t i = pending[to_commit[c]];
@@ -400,11 +485,23 @@ class Gate {
         const std::size_t p = to_commit[c];
         items.push_back({messages[pending[p]].key, reservations[p].fence, outcome_bytes[c]});
       }
-      const auto statuses =
-          store_.commit_batch(items, [&](typename Store::transaction& tx, std::size_t c) {
-            const std::size_t i = pending[to_commit[c]];
-            apply(tx, messages[i].key, messages[i].request, outcomes[c]);
-          });
+      std::optional<std::vector<CommitStatus>> statuses;
+      try {
+        statuses = store_.commit_batch(items, [&](typename Store::transaction& tx, std::size_t c) {
+          const std::size_t i = pending[to_commit[c]];
+          apply(tx, messages[i].key, messages[i].request, outcomes[c]);
+        });
+      } catch (const BusinessWriteError& e) {
+        // Not one by one: the broken business write would run again outside a transaction. No
+        // message of the group is acked; every lease is given back for the redeliveries.
+        for (std::size_t c = 0; c < to_commit.size(); ++c) {
+          const std::size_t p = to_commit[c];
+          const std::size_t i = pending[p];
+          give_back_one(messages[i].key, reservations[p].fence, e.what());
+          results[i] = result_type::because(Status::retry, e.what());
+        }
+        return;
+      }
       if (statuses) {
         for (std::size_t c = 0; c < to_commit.size(); ++c)
           settle_one(c, (*statuses)[c], outcome_bytes[c]);
@@ -415,6 +512,8 @@ class Gate {
     for (std::size_t c = 0; c < to_commit.size(); ++c) {
       const std::size_t p = to_commit[c];
       const std::size_t i = pending[p];
+      keeper.keep_alive();
+      keeper.drop(messages[i].key);  // from here on, its commit decides (and may give it back)
       try {
         settle_one(c,
                    commit_or_release(messages[i].key, reservations[p].fence, messages[i].request,
@@ -437,14 +536,30 @@ class Gate {
       return store_.commit(key, fence, outcome_bytes, [&](typename Store::transaction& tx) {
         apply(tx, key, request, outcome);
       });
+    } catch (const std::exception& e) {
+      give_back_one(key, fence, std::string("the commit failed: ") + e.what());
+      throw;
     } catch (...) {
-      try {
-        store_.release(key, fence);
-      } catch (...) {
-        // The store is down: the lease runs out by itself and the reconciler takes over.
-      }
+      give_back_one(key, fence, "the commit failed with an unknown exception");
       throw;
     }
+  }
+
+  // Ends a lease this caller holds, keeping `reason` where the store can; best effort: when the
+  // store is down, the lease runs out by itself and the reconciler takes over.
+  void give_back_one(const Key& key, std::int64_t fence, const std::string& reason) noexcept {
+    try {
+      if constexpr (explaining_store<Store>)
+        store_.release(key, fence, reason);
+      else
+        store_.release(key, fence);
+    } catch (...) {
+    }
+  }
+
+  void give_back(const std::vector<HeldLease>& held) noexcept {
+    for (const HeldLease& h : held)
+      give_back_one(h.key, h.fence, "the batch could not finish: the store failed");
   }
 
   static NullObserver& null_observer() noexcept {

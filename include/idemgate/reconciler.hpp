@@ -25,6 +25,11 @@ struct ReconcilerOptions {
   std::chrono::milliseconds stale_after = std::chrono::minutes(2);
   /// Most rows taken over in one pass.
   std::size_t batch = 100;
+  /// Attempts an event may take (its first reservation, redeliveries after an expired lease and
+  /// reconciler passes together) before the reconciler stops retrying it and escalates it with
+  /// the last error: a poison row whose business write always throws, or whose downstream keeps
+  /// failing, ends in the manual queue instead of being retaken forever.
+  std::size_t max_attempts = 10;
 };
 
 /// What one reconciler pass did.
@@ -45,6 +50,8 @@ struct ReconcileReport {
   std::size_t lost = 0;
   /// Rows whose finishing threw (store down, business write refused); left in flight.
   std::size_t errors = 0;
+  /// Rows escalated because they used up `ReconcilerOptions::max_attempts` (poison rows).
+  std::size_t given_up = 0;
   /// The first error's message, if any.
   std::string first_error;
 };
@@ -83,7 +90,16 @@ class Reconciler {
     const auto stranded =
         gate_.store().take_stale(options_.batch, options_.stale_after, gate_.options().lease);
     report.taken = stranded.size();
+    // The rows are finished one after another: their leases are kept alive meanwhile, so a long
+    // pass does not lose the rows it has not reached yet.
+    std::vector<HeldLease> held;
+    held.reserve(stranded.size());
+    for (const Stranded& row : stranded) held.push_back({row.key, row.fence});
+    detail::LeaseKeeper<Store> keeper(gate_.store(), gate_.options().lease);
+    keeper.hold(std::move(held));
     for (const Stranded& row : stranded) {
+      keeper.keep_alive();
+      keeper.drop(row.key);  // from here on, finishing it decides (and may give it back)
       try {
         finish(row, report);
       } catch (const std::exception& e) {
@@ -122,6 +138,13 @@ class Reconciler {
 
  private:
   void finish(const Stranded& row, ReconcileReport& report) {
+    if (row.attempts > static_cast<std::int64_t>(options_.max_attempts)) {
+      std::string reason = "gave up after " + std::to_string(row.attempts - 1) +
+                           " attempts (ReconcilerOptions::max_attempts); the last one said: " +
+                           (row.last_error.empty() ? std::string("nothing") : row.last_error);
+      if (park(row, reason, report)) ++report.given_up;
+      return;
+    }
     std::optional<typename gate_type::request_type> decoded;
     try {
       decoded.emplace(gate_.decode_request(row.request));
@@ -138,15 +161,20 @@ class Reconciler {
         return;
       }
       if (held.transient()) {
-        ++report.deferred;
-        return;
+        if constexpr (!Downstream::honours_idempotency_key) {
+          defer(row, "the lookup failed: " + std::string(held.reason()), report);
+          return;
+        }
+        // The lookup keeps failing (a wrong lookup URL, a credential it refuses): a claim under
+        // the same key is just as safe, since the downstream returns its original outcome for a
+        // key it has seen.
       }
     }
     if constexpr (Downstream::honours_idempotency_key) {
       const auto answer = claim(row.key, request);
       if (answer.transient()) {
         // No message carries this event any more: keep the row in flight for a later pass.
-        ++report.deferred;
+        defer(row, std::string(answer.reason()), report);
         return;
       }
       count(row.key, gate_.finish(row.key, row.fence, request, answer).status(), report,
@@ -176,13 +204,24 @@ class Reconciler {
     }
   }
 
-  void park(const Stranded& row, const std::string& reason, ReconcileReport& report) {
+  // Ends this pass's lease at once, keeping why: a later pass takes the row again (counting an
+  // attempt) after `stale_after`, and shows the reason if it gives up.
+  void defer(const Stranded& row, const std::string& reason, ReconcileReport& report) {
+    if constexpr (explaining_store<Store>)
+      gate_.store().release(row.key, row.fence, reason);
+    else
+      gate_.store().release(row.key, row.fence);
+    ++report.deferred;
+  }
+
+  bool park(const Stranded& row, const std::string& reason, ReconcileReport& report) {
     if (gate_.store().escalate(row.key, row.fence, reason) == CommitStatus::lost_lease) {
       ++report.lost;
-    } else {
-      ++report.escalated;
-      gate_.observer().on_reconciled(row.key, Status::escalated);
+      return false;
     }
+    ++report.escalated;
+    gate_.observer().on_reconciled(row.key, Status::escalated);
+    return true;
   }
 
   void count(const Key& key, Status status, ReconcileReport& report, std::size_t& finished) {

@@ -130,7 +130,7 @@ struct Record {
   /// How many later reservations met this key (duplicates, replays, in-flight collisions).
   std::int64_t duplicates = 0;
   /// How many attempts held this event: 1 for the first reservation, plus one for every
-  /// takeover (a redelivery after an expired lease, a reconciler pass, a re-drive).
+  /// takeover (a redelivery after an expired lease, a reconciler pass).
   std::int64_t attempts = 0;
 };
 
@@ -158,6 +158,16 @@ struct Stranded {
   std::string request;
   /// Attempts that held this event, this takeover included (see `Record::attempts`).
   std::int64_t attempts = 0;
+  /// Why the previous attempt gave the event back, when it said (empty otherwise).
+  std::string last_error;
+};
+
+/// A lease a caller holds: the key and its fence.
+struct HeldLease {
+  /// The idempotency key.
+  Key key;
+  /// The fence the caller holds.
+  std::int64_t fence = 0;
 };
 
 /// One key of a batch reservation.
@@ -185,6 +195,15 @@ struct CommitItem {
 class StoreError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+/// Thrown when the business write broke the store's transaction: it swallowed an SQL error that
+/// ended the transaction, or took transaction control itself. Nothing of the log was committed
+/// and the event's lease was ended; do not ack, and fix the business write (let its SQL errors
+/// propagate, or recover from an expected one with a savepoint).
+class BusinessWriteError : public StoreError {
+ public:
+  using StoreError::StoreError;
 };
 
 }  // namespace idemgate

@@ -92,8 +92,8 @@ struct Health {
  *
  * `signals(window)` reads the three signals; `record_mismatch` keeps a downstream answer that
  * differed from the stored one; `purge(older_than, batch)` deletes finished rows (committed or
- * failed, never in flight or escalated) that finished longer ago than `older_than`, `batch` rows per
- * statement, and returns how many it deleted.
+ * failed, never in flight or escalated) that finished longer ago than `older_than`, `batch` rows
+ * per statement, and returns how many it deleted.
  */
 template <class S>
 concept monitored_store = requires(S& s, std::chrono::seconds window, const Key& key,

@@ -100,18 +100,17 @@ void require_in_range(std::string_view option, std::chrono::duration<Rep, Period
                       std::string_view advice) {
   if (value >= least && value <= most) return;
   throw std::invalid_argument("idemgate: " + std::string(option) + " is " + describe(value) +
-                              "; it must be between " + describe(least) + " and " +
-                              describe(most) + ". " + std::string(advice));
+                              "; it must be between " + describe(least) + " and " + describe(most) +
+                              ". " + std::string(advice));
 }
 
 /// Throws `std::invalid_argument` unless `least <= value <= most` (a count).
 inline void require_in_range(std::string_view option, std::size_t value, std::size_t least,
                              std::size_t most, std::string_view advice) {
   if (value >= least && value <= most) return;
-  throw std::invalid_argument("idemgate: " + std::string(option) + " is " +
-                              std::to_string(value) + "; it must be between " +
-                              std::to_string(least) + " and " + std::to_string(most) + ". " +
-                              std::string(advice));
+  throw std::invalid_argument("idemgate: " + std::string(option) + " is " + std::to_string(value) +
+                              "; it must be between " + std::to_string(least) + " and " +
+                              std::to_string(most) + ". " + std::string(advice));
 }
 
 }  // namespace idemgate::detail

@@ -63,6 +63,30 @@ inline std::string bytea_param(std::string_view bytes) {
   return out;
 }
 
+/// A byte string as an SQL literal of type bytea, independent of standard_conforming_strings.
+inline std::string bytea_literal(std::string_view bytes) {
+  std::string out;
+  out.reserve(20 + bytes.size() * 2);
+  out += "decode('";
+  append_hex(out, bytes);
+  out += "', 'hex')";
+  return out;
+}
+
+/// Byte strings as an SQL array literal of type bytea[].
+template <class Range>
+std::string bytea_array_literal(const Range& values) {
+  std::string out = "ARRAY[";
+  bool first = true;
+  for (std::string_view bytes : values) {
+    if (!first) out += ',';
+    first = false;
+    out += bytea_literal(bytes);
+  }
+  out += "]::bytea[]";
+  return out;
+}
+
 /// Byte strings as a `bytea[]` parameter in text form: `{"\\x…","\\x…"}`.
 template <class Range>
 std::string bytea_array_param(const Range& values) {

@@ -86,6 +86,13 @@ struct HttpOptions {
   std::string ca_cert_file;
   /// How many bytes of an error response's body are quoted in a failure's reason.
   std::size_t reason_excerpt_bytes = 200;
+  /// 4xx answers to a claim that mean "our set-up is wrong", not "this event is wrong": a
+  /// credential that expired or lacks a permission (401, 403, 407), a wrong URL or method (404,
+  /// 405, 421). They are transient, so that a configuration error never fails every event that
+  /// arrives meanwhile for good; the reconciler escalates an event after
+  /// `ReconcilerOptions::max_attempts`. Every other 4xx except 408, 409, 425 and 429 (always
+  /// transient) is a permanent failure. Remove a status here to have it stored as permanent.
+  std::vector<int> configuration_statuses = {401, 403, 404, 405, 407, 421};
 };
 
 /// A parsed base URL: `http[s]://host[:port][/path]`.
@@ -181,12 +188,13 @@ struct BaseUrl {
  * ignores the header: the gate then escalates instead of calling it.
  *
  * Answers: 2xx with a parsable body is the outcome. 408, 409 ("a request with this key is in
- * progress") and 429 are transient; any other 4xx is permanent, with the status and a body
- * excerpt in the reason. 5xx, timeouts, refused or reset connections and anything else
- * unexpected (1xx, 3xx) are transient, since storing a permanent failure cannot be undone. A 2xx
- * whose body does not parse is transient too: the far side did the work, and a retry or lookup
- * under the same key returns it. Exceptions thrown by the mapping's `claim_call` propagate (the
- * gate treats them as transient).
+ * progress"), 425 and 429 are transient, and so are the statuses that mean the set-up is wrong
+ * (`HttpOptions::configuration_statuses`: 401, 403, 404, 405, 407, 421 by default); any other
+ * 4xx is permanent, with the status and a body excerpt in the reason. 5xx, timeouts, refused or
+ * reset connections and anything else unexpected (1xx, 3xx) are transient, since storing a
+ * permanent failure cannot be undone. A 2xx whose body does not parse is transient too: the far
+ * side did the work, and a retry or lookup under the same key returns it. Exceptions thrown by the
+ * mapping's `claim_call` propagate (the gate treats them as transient).
  *
  * Thread safety: every call opens its own `httplib::Client` (and connection), so one
  * `HttpDownstream` may be shared by all of a gate's worker threads, provided the mapping's const
@@ -246,7 +254,14 @@ class HttpDownstream {
     if (status == 409)
       return TransientFailure{
           status_reason(call, response, "a request with this key is still in progress")};
-    if (status == 429) return TransientFailure{status_reason(call, response, "rate limited")};
+    if (status == 425 || status == 429)
+      return TransientFailure{status_reason(call, response, "rate limited or too early")};
+    if (std::find(options_.configuration_statuses.begin(), options_.configuration_statuses.end(),
+                  status) != options_.configuration_statuses.end())
+      return TransientFailure{status_reason(
+          call, response,
+          "the set-up looks wrong (credentials, permissions, URL or method); fix it, the event "
+          "is retried")};
     if (status >= 400 && status < 500) return PermanentFailure{status_reason(call, response)};
     return TransientFailure{status_reason(call, response)};
   }

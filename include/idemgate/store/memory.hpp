@@ -9,6 +9,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -61,12 +62,14 @@ class MemoryStore {
       row.fingerprint = fingerprint;
       row.created_at = row.updated_at = now;
       row.lease_until = now + lease;
+      row.attempts = 1;
       return Reservation::acquired(row.fence);
     }
     ++row.duplicates;
     const bool same = row.fingerprint == fingerprint;
     if (same && row.status == RecordStatus::in_flight && row.lease_until < now) {
       ++row.fence;
+      ++row.attempts;
       row.lease_until = now + lease;
       row.updated_at = now;
       return Reservation::taken_over(row.fence);
@@ -84,7 +87,7 @@ class MemoryStore {
     std::lock_guard lock(mutex_);
     if (already_committed(key, fence)) return CommitStatus::committed;
     Record* row = holder(key, fence);
-    if (row == nullptr) return CommitStatus::lost_lease;
+    if (row == nullptr) return missed(key, fence);
     row->status = RecordStatus::committed;
     row->result = std::string(result);
     row->updated_at = clock_();
@@ -105,13 +108,57 @@ class MemoryStore {
   /// Gives back an in-flight reservation this caller holds after a transient failure: its lease
   /// ends now, so the next delivery takes the key over at once (with a higher fence). False when
   /// the fence no longer holds.
-  bool release(const Key& key, std::int64_t fence) {
+  bool release(const Key& key, std::int64_t fence) { return release(key, fence, {}); }
+
+  /// Like `release`, and keeps `reason` (when not empty) as why this attempt gave the event back.
+  bool release(const Key& key, std::int64_t fence, std::string_view reason) {
     std::lock_guard lock(mutex_);
     Record* row = holder(key, fence);
     if (row == nullptr) return false;
     row->lease_until = std::chrono::system_clock::time_point{};  // the epoch: long gone
     row->updated_at = clock_();
+    if (!reason.empty()) row->reason.assign(reason);
     return true;
+  }
+
+  /// Extends the leases the caller still holds to `lease` from now; returns how many it extended.
+  std::size_t extend(std::span<const HeldLease> held, std::chrono::milliseconds lease) {
+    std::lock_guard lock(mutex_);
+    const auto now = clock_();
+    std::size_t extended = 0;
+    for (const HeldLease& h : held) {
+      Record* row = holder(h.key, h.fence);
+      if (row == nullptr) continue;
+      row->lease_until = now + lease;
+      ++extended;
+    }
+    return extended;
+  }
+
+  /// Puts a failed event back in flight under a new fence with its lease ended, so the next
+  /// delivery or the reconciler claims again under the same key. Returns 1, or 0 when the key is
+  /// not failed.
+  std::size_t redrive_failed(const Key& key) {
+    std::lock_guard lock(mutex_);
+    auto it = rows_.find(key);
+    if (it == rows_.end() || it->second.status != RecordStatus::failed) return 0;
+    redrive(it->second);
+    return 1;
+  }
+
+  /// Re-drives up to `limit` failed events whose failure was stored in [`from`, `to`).
+  std::size_t redrive_failed(std::chrono::system_clock::time_point from,
+                             std::chrono::system_clock::time_point to, std::size_t limit) {
+    std::lock_guard lock(mutex_);
+    std::size_t done = 0;
+    for (auto& [key, row] : rows_) {
+      if (done >= limit) break;
+      if (row.status != RecordStatus::failed || row.updated_at < from || row.updated_at >= to)
+        continue;
+      redrive(row);
+      ++done;
+    }
+    return done;
   }
 
   /// The stored row, if any.
@@ -140,9 +187,10 @@ class MemoryStore {
     taken.reserve(candidates.size());
     for (Record* row : candidates) {
       ++row->fence;
+      ++row->attempts;
       row->lease_until = now + lease;
       row->updated_at = now;
-      taken.push_back({row->key, row->fence, row->request});
+      taken.push_back({row->key, row->fence, row->request, row->attempts, row->reason});
     }
     return taken;
   }
@@ -187,6 +235,7 @@ class MemoryStore {
       }
       if (row.status == RecordStatus::in_flight) {
         ++s.in_flight;
+        if (row.attempts > 1) ++s.retrying;
         const auto age = std::chrono::duration_cast<std::chrono::seconds>(now - row.created_at);
         if (!s.oldest_in_flight || age > *s.oldest_in_flight) s.oldest_in_flight = age;
       }
@@ -240,6 +289,16 @@ class MemoryStore {
     }
   }
 
+  /// Replaces the stored row of `row.key` with `row`, or removes it when `row` is nullopt: for
+  /// tests that emulate a database crash losing its latest writes.
+  void restore(const Key& key, std::optional<Record> row) {
+    std::lock_guard lock(mutex_);
+    if (row)
+      rows_[key] = std::move(*row);
+    else
+      rows_.erase(key);
+  }
+
   /// Every stored row (test inspection).
   std::vector<Record> records() const {
     std::lock_guard lock(mutex_);
@@ -250,12 +309,33 @@ class MemoryStore {
   }
 
  private:
+  void redrive(Record& row) {
+    row.status = RecordStatus::in_flight;
+    ++row.fence;
+    row.reason.clear();
+    row.lease_until = std::chrono::system_clock::time_point{};
+    row.updated_at = clock_();
+  }
+
   Record* holder(const Key& key, std::int64_t fence) {
     auto it = rows_.find(key);
     if (it == rows_.end()) return nullptr;
     Record& row = it->second;
     if (row.status != RecordStatus::in_flight || row.fence != fence) return nullptr;
     return &row;
+  }
+
+  // A fenced write that found no row under its fence: another worker took over or settled the
+  // event (lost lease), or the caller's own reservation or takeover is gone — no row, or the row
+  // back in flight under a lower fence: a crash lost it, and nobody holds the event.
+  CommitStatus missed(const Key& key, std::int64_t fence) const {
+    auto it = rows_.find(key);
+    if (it == rows_.end() ||
+        (it->second.status == RecordStatus::in_flight && it->second.fence < fence))
+      throw StoreError("idemgate: the reservation under fence " + std::to_string(fence) +
+                       " of this event is gone (lost in a crash?); nothing was written. Do not "
+                       "ack: the redelivery or the reconciler takes the event over again.");
+    return CommitStatus::lost_lease;
   }
 
   // A commit retried after its first attempt landed must not run the business write again.
@@ -273,7 +353,7 @@ class MemoryStore {
     if (it != rows_.end() && it->second.status == status && it->second.fence == fence)
       return CommitStatus::committed;
     Record* row = holder(key, fence);
-    if (row == nullptr) return CommitStatus::lost_lease;
+    if (row == nullptr) return missed(key, fence);
     row->status = status;
     row->reason.assign(reason);
     row->updated_at = clock_();
@@ -288,5 +368,8 @@ class MemoryStore {
 
 static_assert(store<MemoryStore>);
 static_assert(monitored_store<MemoryStore>);
+static_assert(explaining_store<MemoryStore>);
+static_assert(lease_extending_store<MemoryStore>);
+static_assert(redrivable_store<MemoryStore>);
 
 }  // namespace idemgate

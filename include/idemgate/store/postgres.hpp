@@ -2,6 +2,7 @@
 
 #include "../concepts.hpp"
 #include "../detail/connection_pool.hpp"
+#include "../detail/durations.hpp"
 #include "../detail/pqxx_compat.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
@@ -14,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -90,6 +92,36 @@ inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
   return std::chrono::system_clock::time_point(std::chrono::microseconds(micros));
 }
 
+/// A duration in whole milliseconds for the SQL's interval arithmetic: clamped to 1000 years
+/// either way, which PostgreSQL's intervals and timestamps hold (`max()` still means "never").
+template <class Rep, class Period>
+inline std::int64_t sql_millis(std::chrono::duration<Rep, Period> d) {
+  constexpr std::int64_t bound = 1000LL * 366 * 24 * 3600 * 1000;
+  const std::int64_t ms = saturating_millis(d);
+  return ms < -bound ? -bound : (ms > bound ? bound : ms);
+}
+
+/// A random, non-zero token that marks the rows one attempt wrote (insert, takeover, take-stale),
+/// so that a statement repeated after its reply was lost recognises its own work.
+inline std::int64_t new_holder_token() {
+  thread_local std::mt19937_64 bits{[] {
+    std::random_device seed;
+    return (static_cast<std::uint64_t>(seed()) << 32) ^ seed();
+  }()};
+  std::int64_t token = 0;
+  while (token == 0) token = static_cast<std::int64_t>(bits() >> 1);
+  return token;
+}
+
+/// A time point as microseconds since the epoch, clamped to what a timestamptz holds comfortably
+/// (about 4000 years either side of 1970).
+inline std::int64_t sql_micros(std::chrono::system_clock::time_point at) {
+  constexpr std::int64_t bound = 4000LL * 366 * 24 * 3600 * 1000000;
+  const auto micros =
+      std::chrono::duration_cast<std::chrono::microseconds>(at.time_since_epoch()).count();
+  return micros < -bound ? -bound : (micros > bound ? bound : micros);
+}
+
 }  // namespace detail
 
 /**
@@ -136,6 +168,8 @@ class PostgresStore {
            "  result      bytea,\n"
            "  reason      text,\n"
            "  duplicates  bigint      NOT NULL DEFAULT 0,\n"
+           "  holder      bigint      NOT NULL DEFAULT 0,\n"
+           "  attempts    bigint      NOT NULL DEFAULT 1,\n"
            "  created_at  timestamptz NOT NULL DEFAULT now(),\n"
            "  updated_at  timestamptz NOT NULL DEFAULT now(),\n"
            "  CHECK (status <> 'committed' OR result IS NOT NULL)\n"
@@ -144,6 +178,11 @@ class PostgresStore {
            "ALTER TABLE " +
            t +
            " ADD COLUMN IF NOT EXISTS duplicates bigint NOT NULL DEFAULT 0;\n"
+           "-- Added in 0.2: the attempt that holds a row, and how many attempts held it.\n"
+           "ALTER TABLE " +
+           t + " ADD COLUMN IF NOT EXISTS holder bigint NOT NULL DEFAULT 0;\n" + "ALTER TABLE " +
+           t +
+           " ADD COLUMN IF NOT EXISTS attempts bigint NOT NULL DEFAULT 1;\n"
            "-- Stranded work: the reconciler's scan and the oldest in-flight row.\n"
            "CREATE INDEX IF NOT EXISTS " +
            name + "_in_flight ON " + t +
@@ -190,7 +229,11 @@ class PostgresStore {
     const std::string fingerprint_param = detail::pq::bytea_param(
         {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
     const std::string request_param = detail::pq::bytea_param(request);
-    const auto lease_ms = static_cast<std::int64_t>(lease.count());
+    const std::int64_t lease_ms = detail::sql_millis(lease);
+    // This attempt's token: when a reply is lost and the statement runs again, the row it finds
+    // is recognised as this attempt's own instead of "another worker holds this key".
+    const std::int64_t holder = detail::new_holder_token();
+    bool tried_takeover = false;
     // Under READ COMMITTED the conflicting row may have committed after this statement's
     // snapshot: the insert then does nothing and the read sees nothing. A new statement has a
     // new snapshot, so the loop ends as soon as the row is visible.
@@ -198,7 +241,7 @@ class PostgresStore {
       pqxx::result rows = run_on(reservation_pool(), [&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         return detail::pq::exec_prepared(tx, "idemgate_reserve", key_param, fingerprint_param,
-                                         request_param, lease_ms);
+                                         request_param, lease_ms, holder);
       });
       if (rows.empty()) continue;
       const pqxx::row row = rows[0];
@@ -208,13 +251,20 @@ class PostgresStore {
           Reservation::existing(fence, parse_record_status(detail::pq::text_field(row[2])),
                                 detail::pq::bool_field(row[3]), detail::pq::bytea_field(row[5]),
                                 detail::pq::text_field(row[6]));
+      if (found.status == RecordStatus::in_flight && detail::pq::bool_field(row[7]))
+        return tried_takeover ? Reservation::taken_over(fence) : Reservation::acquired(fence);
       const bool lease_live = detail::pq::bool_field(row[4]);
       if (found.status == RecordStatus::in_flight && found.same_request && !lease_live) {
+        tried_takeover = true;
         pqxx::result taken = run_on(reservation_pool(), [&](pqxx::connection& c) {
           pqxx::nontransaction tx(c);
-          return detail::pq::exec_prepared(tx, "idemgate_take_over", key_param, fence, lease_ms);
+          return detail::pq::exec_prepared(tx, "idemgate_take_over", key_param, fence, lease_ms,
+                                           holder);
         });
         if (!taken.empty()) return Reservation::taken_over(detail::pq::int_field(taken[0][0]));
+        // Another worker took it over first, or this attempt's own takeover landed and its reply
+        // was lost: read the row again to tell which.
+        continue;
       }
       return found;
     }
@@ -230,18 +280,25 @@ class PostgresStore {
   CommitStatus commit(const Key& key, std::int64_t fence, std::string_view result,
                       BusinessWrite&& business) {
     const std::string key_param = detail::pq::bytea_param(key.view());
-    const std::string result_param = detail::pq::bytea_param(result);
+    const std::string update = fenced_update_sql(key, fence, result);
     for (int attempt = 1;; ++attempt) {
       auto lease = pool_.acquire();
       try {
         prepare_once(lease);
+        if (attempt > 1) {
+          // The previous attempt's COMMIT may have landed before its connection broke: find out
+          // first, so that the business write never runs twice for one fence.
+          pqxx::nontransaction check(lease.connection());
+          if (const auto settled = settled_state(check, key_param, fence, RecordStatus::committed))
+            return *settled;
+        }
         pqxx::work tx(lease.connection());
-        // The business write goes first and the fenced update last: if the business write
-        // swallowed an error of its own, the transaction is aborted on the server and the
-        // update throws, instead of COMMIT quietly rolling back a "processed" event.
+        // The business write goes first and the fenced update last, sent so that libpqxx checks
+        // the transaction is still open: a business write that swallowed an SQL error, or
+        // ended the transaction itself, is caught here instead of its statements and the
+        // status committing apart.
         business(tx);
-        const pqxx::result updated =
-            detail::pq::exec_prepared(tx, "idemgate_commit", key_param, fence, result_param);
+        const pqxx::result updated = fenced_update(tx, update, key);
         if (detail::pq::affected_rows(updated) == 0) {
           tx.abort();
           pqxx::nontransaction check(lease.connection());
@@ -275,12 +332,61 @@ class PostgresStore {
   /// Gives back an in-flight reservation this caller holds after a transient failure: its lease
   /// ends now, so the next delivery takes the key over at once (with a higher fence). False when
   /// the fence no longer holds.
-  bool release(const Key& key, std::int64_t fence) {
+  bool release(const Key& key, std::int64_t fence) { return release(key, fence, {}); }
+
+  /// Like `release`, and keeps `reason` (when not empty) as why this attempt gave the event back;
+  /// the reconciler shows it when it gives up on the event.
+  bool release(const Key& key, std::int64_t fence, std::string_view reason) {
+    const std::string key_param = detail::pq::bytea_param(key.view());
+    const std::string reason_text(reason);
+    return run([&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      return detail::pq::affected_rows(detail::pq::exec_prepared(tx, "idemgate_release", key_param,
+                                                                 fence, reason_text)) > 0;
+    });
+  }
+
+  /// Extends the leases the caller still holds to `lease` from now, in one statement; returns how
+  /// many it extended (a lease taken over meanwhile is not).
+  std::size_t extend(std::span<const HeldLease> held, std::chrono::milliseconds lease) {
+    if (held.empty()) return 0;
+    std::vector<std::string_view> keys;
+    std::vector<std::int64_t> fences;
+    for (const HeldLease& h : held) {
+      keys.push_back(h.key.view());
+      fences.push_back(h.fence);
+    }
+    const std::string key_array = detail::pq::bytea_array_param(keys);
+    const std::string fence_array = detail::pq::bigint_array_param(fences);
+    const std::int64_t lease_ms = detail::sql_millis(lease);
+    return run([&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      return static_cast<std::size_t>(detail::pq::affected_rows(
+          detail::pq::exec_prepared(tx, "idemgate_extend", key_array, fence_array, lease_ms)));
+    });
+  }
+
+  /// Puts a failed event back in flight under a new fence with its lease ended, so the next
+  /// delivery or the reconciler claims again under the same key (a downstream that honours keys
+  /// returns its original outcome if it had one). Returns 1, or 0 when the key is not failed.
+  std::size_t redrive_failed(const Key& key) {
     const std::string key_param = detail::pq::bytea_param(key.view());
     return run([&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      return detail::pq::affected_rows(
-                 detail::pq::exec_prepared(tx, "idemgate_release", key_param, fence)) > 0;
+      return static_cast<std::size_t>(detail::pq::affected_rows(
+          detail::pq::exec_prepared(tx, "idemgate_redrive_key", key_param)));
+    });
+  }
+
+  /// Re-drives up to `limit` failed events whose failure was stored in [`from`, `to`), for
+  /// example every event an expired credential failed.
+  std::size_t redrive_failed(std::chrono::system_clock::time_point from,
+                             std::chrono::system_clock::time_point to, std::size_t limit) {
+    return run([&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      return static_cast<std::size_t>(detail::pq::affected_rows(
+          detail::pq::exec_prepared(tx, "idemgate_redrive_range", detail::sql_micros(from),
+                                    detail::sql_micros(to), detail::sql_limit(limit))));
     });
   }
 
@@ -299,17 +405,22 @@ class PostgresStore {
   /// `stale_after`, bumping their fence; rows another reconciler is taking are skipped.
   std::vector<Stranded> take_stale(std::size_t limit, std::chrono::milliseconds stale_after,
                                    std::chrono::milliseconds lease) {
+    // When the reply is lost and the statement runs again on a new connection, the rows this
+    // pass already took come back too (they carry its token), instead of staying in flight
+    // under a live lease that nobody works on.
+    const std::int64_t holder = detail::new_holder_token();
     pqxx::result rows = run([&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(
-          tx, "idemgate_take_stale", static_cast<std::int64_t>(stale_after.count()),
-          detail::sql_limit(limit), static_cast<std::int64_t>(lease.count()));
+      return detail::pq::exec_prepared(tx, "idemgate_take_stale",
+                                       detail::saturating_millis(stale_after),
+                                       detail::sql_limit(limit), detail::sql_millis(lease), holder);
     });
     std::vector<Stranded> taken;
     taken.reserve(rows.size());
     for (const pqxx::row& row : rows)
-      taken.push_back(
-          {key_from(row[0]), detail::pq::int_field(row[1]), detail::pq::bytea_field(row[2])});
+      taken.push_back({key_from(row[0]), detail::pq::int_field(row[1]),
+                       detail::pq::bytea_field(row[2]), detail::pq::int_field(row[3]),
+                       detail::pq::text_field(row[4])});
     return taken;
   }
 
@@ -329,17 +440,42 @@ class PostgresStore {
   /// if the row is not escalated (already resolved, or never parked).
   template <class BusinessWrite>
   bool resolve(const Key& key, std::string_view result, BusinessWrite&& business) {
+    const std::string update =
+        "UPDATE " + table_ +
+        " SET status = 'committed', result = " + detail::pq::bytea_literal(result) +
+        ", updated_at = now() WHERE key = " + detail::pq::bytea_literal(key.view()) +
+        " AND status = 'escalated'";
     const std::string key_param = detail::pq::bytea_param(key.view());
-    const std::string result_param = detail::pq::bytea_param(result);
-    return run([&](pqxx::connection& c) {
-      pqxx::work tx(c);
-      business(tx);  // first, so an error it swallowed aborts the update below (see commit)
-      const pqxx::result updated =
-          detail::pq::exec_prepared(tx, "idemgate_resolve", key_param, result_param);
-      if (detail::pq::affected_rows(updated) == 0) return false;
-      tx.commit();
-      return true;
-    });
+    for (int attempt = 1;; ++attempt) {
+      auto lease = pool_.acquire();
+      try {
+        prepare_once(lease);
+        if (attempt > 1) {
+          // The previous attempt's COMMIT may have landed: never run the business write twice.
+          pqxx::nontransaction check(lease.connection());
+          const pqxx::result rows = detail::pq::exec_prepared(check, "idemgate_find", key_param);
+          if (rows.empty()) return false;
+          const Record row = to_record(rows[0]);
+          if (row.status == RecordStatus::committed) return row.result == result;
+          if (row.status != RecordStatus::escalated) return false;
+        }
+        pqxx::work tx(lease.connection());
+        business(tx);  // first, and the update checked like commit's (see there)
+        const pqxx::result updated = fenced_update(tx, update, key);
+        if (detail::pq::affected_rows(updated) == 0) return false;
+        tx.commit();
+        return true;
+      } catch (const pqxx::broken_connection& e) {
+        lease.mark_broken();
+        if (attempt >= options_.commit_attempts) throw commit_unknown(key, e);
+      } catch (const pqxx::in_doubt_error& e) {
+        lease.mark_broken();
+        if (attempt >= options_.commit_attempts) throw commit_unknown(key, e);
+      } catch (const pqxx::sql_error& e) {
+        throw_if_log_schema_error(e);
+        throw;
+      }
+    }
   }
 
   /// The three signals over the events reserved in the last `window`, in one round trip.
@@ -359,6 +495,7 @@ class PostgresStore {
     s.escalated = detail::pq::int_field(row[4]);
     s.mismatched_keys = detail::pq::int_field(row[5]);
     s.mismatches_total = detail::pq::int_field(row[6]);
+    s.retrying = detail::pq::int_field(row[7]);
     return s;
   }
 
@@ -443,8 +580,14 @@ class PostgresStore {
     std::string purge;
     /// Reserves many keys in one statement.
     std::string reserve_batch;
-    /// The fenced status update of a batch commit.
-    std::string commit_batch;
+    /// Extends leases still held.
+    std::string extend;
+    /// Counts the items of a batch committed under their fences (after an in-doubt COMMIT).
+    std::string batch_landed;
+    /// Re-drives one failed key.
+    std::string redrive_key;
+    /// Re-drives the failed keys of a time range.
+    std::string redrive_range;
   };
 
   /// The statements for `table` (checked like the constructor checks it).
@@ -454,28 +597,30 @@ class PostgresStore {
         "key, status, fence, request, fingerprint, result, reason, duplicates, "
         "(extract(epoch FROM created_at) * 1000000)::bigint, "
         "(extract(epoch FROM updated_at) * 1000000)::bigint, "
-        "(extract(epoch FROM lease_until) * 1000000)::bigint";
+        "(extract(epoch FROM lease_until) * 1000000)::bigint, attempts";
     Statements s;
     // The insert claims a new key; when it conflicts, the update counts the duplicate and
     // returns the stored row: one statement, one round trip, either way.
+    // A row this attempt wrote itself (its reply was lost) is not counted as a duplicate and
+    // comes back as `mine`.
     s.reserve =
         "WITH claimed AS (INSERT INTO " + t +
-        " (key, status, fence, lease_until, fingerprint, request)"
+        " (key, status, fence, lease_until, fingerprint, request, holder, attempts)"
         " VALUES ($1::bytea, 'in_flight', 1, now() + $4::bigint * interval '1 millisecond',"
-        " $2::bytea, $3::bytea)"
+        " $2::bytea, $3::bytea, $5::bigint, 1)"
         " ON CONFLICT (key) DO NOTHING RETURNING fence),"
         " seen AS (UPDATE " +
         t +
-        " SET duplicates = duplicates + 1 WHERE key = $1::bytea"
-        " AND NOT EXISTS (SELECT 1 FROM claimed)"
+        " SET duplicates = duplicates + CASE WHEN holder = $5::bigint THEN 0 ELSE 1 END"
+        " WHERE key = $1::bytea AND NOT EXISTS (SELECT 1 FROM claimed)"
         " RETURNING fence, status, fingerprint = $2::bytea AS same, lease_until >= now() AS live,"
-        " result, reason)"
-        " SELECT true, fence, NULL::text, NULL::boolean, NULL::boolean, NULL::bytea, NULL::text"
-        " FROM claimed"
-        " UNION ALL SELECT false, fence, status, same, live, result, reason FROM seen";
+        " result, reason, holder = $5::bigint AS mine)"
+        " SELECT true, fence, NULL::text, NULL::boolean, NULL::boolean, NULL::bytea, NULL::text,"
+        " true FROM claimed"
+        " UNION ALL SELECT false, fence, status, same, live, result, reason, mine FROM seen";
     s.take_over = "UPDATE " + t +
                   " SET fence = fence + 1, lease_until = now() + $3::bigint * interval '1 "
-                  "millisecond', updated_at = now()"
+                  "millisecond', updated_at = now(), holder = $4::bigint, attempts = attempts + 1"
                   " WHERE key = $1::bytea AND status = 'in_flight' AND fence = $2::bigint"
                   " AND lease_until < now() RETURNING fence";
     s.commit = "UPDATE " + t +
@@ -491,19 +636,26 @@ class PostgresStore {
     // worker still holding the old fence can never commit), and if no delivery comes back the
     // reconciler finishes the event.
     s.release = "UPDATE " + t +
-                " SET lease_until = 'epoch', updated_at = now()"
+                " SET lease_until = 'epoch', updated_at = now(),"
+                " reason = CASE WHEN $3::text = '' THEN reason ELSE $3::text END"
                 " WHERE key = $1::bytea AND status = 'in_flight' AND fence = $2::bigint";
     s.find = "SELECT " + columns + " FROM " + t + " WHERE key = $1::bytea";
+    // The second half returns the rows this pass's token already holds: a pass repeated after
+    // its reply was lost gets back what it took the first time.
     s.take_stale =
         "WITH stale AS (SELECT key FROM " + t +
         " WHERE status = 'in_flight' AND lease_until < now()"
         " AND updated_at <= now() - $1::bigint * interval '1 millisecond'"
-        " ORDER BY lease_until LIMIT $2::bigint FOR UPDATE SKIP LOCKED)"
-        " UPDATE " +
+        " ORDER BY lease_until LIMIT $2::bigint FOR UPDATE SKIP LOCKED),"
+        " taken AS (UPDATE " +
         t +
-        " AS log SET fence = log.fence + 1,"
+        " AS log SET fence = log.fence + 1, attempts = log.attempts + 1, holder = $4::bigint,"
         " lease_until = now() + $3::bigint * interval '1 millisecond', updated_at = now()"
-        " FROM stale WHERE log.key = stale.key RETURNING log.key, log.fence, log.request";
+        " FROM stale WHERE log.key = stale.key"
+        " RETURNING log.key, log.fence, log.request, log.attempts, log.reason)"
+        " SELECT key, fence, request, attempts, reason FROM taken"
+        " UNION ALL SELECT key, fence, request, attempts, reason FROM " +
+        t + " WHERE status = 'in_flight' AND holder = $4::bigint";
     s.escalated = "SELECT " + columns + " FROM " + t +
                   " WHERE status = 'escalated' ORDER BY updated_at LIMIT $1::bigint";
     s.resolve = "UPDATE " + t +
@@ -528,7 +680,10 @@ class PostgresStore {
                 t +
                 "_mismatches WHERE at >= now() - $1::bigint * interval '1 second'),"
                 " (SELECT count(*) FROM " +
-                t + "_mismatches)";
+                t +
+                "_mismatches),"
+                " (SELECT count(*) FROM " +
+                t + " WHERE status = 'in_flight' AND attempts > 1)";
     s.record_mismatch = "INSERT INTO " + t +
                         "_mismatches (key, stored, observed, source)"
                         " VALUES ($1::bytea, $2::bytea, $3::bytea, $4::text)";
@@ -541,24 +696,38 @@ class PostgresStore {
         " WITH ORDINALITY AS i(key, fingerprint, request, n)),"
         " claimed AS (INSERT INTO " +
         t +
-        " (key, status, fence, lease_until, fingerprint, request)"
+        " (key, status, fence, lease_until, fingerprint, request, holder, attempts)"
         " SELECT key, 'in_flight', 1, now() + $4::bigint * interval '1 millisecond', fingerprint,"
-        " request FROM input ORDER BY n ON CONFLICT (key) DO NOTHING RETURNING key, fence),"
+        " request, $5::bigint, 1 FROM input ORDER BY n ON CONFLICT (key) DO NOTHING"
+        " RETURNING key, fence),"
         " seen AS (UPDATE " +
         t +
-        " AS log SET duplicates = log.duplicates + 1 FROM input"
+        " AS log SET duplicates = log.duplicates + CASE WHEN log.holder = $5::bigint THEN 0"
+        " ELSE 1 END FROM input"
         " WHERE log.key = input.key AND NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.key ="
         " input.key) RETURNING log.key, log.fence, log.status, log.fingerprint = input.fingerprint"
-        " AS same, log.lease_until >= now() AS live, log.result, log.reason)"
+        " AS same, log.lease_until >= now() AS live, log.result, log.reason,"
+        " log.holder = $5::bigint AS mine)"
         " SELECT input.n, claimed.fence IS NOT NULL, coalesce(claimed.fence, seen.fence),"
-        " seen.status, seen.same, seen.live, seen.result, seen.reason FROM input"
+        " seen.status, seen.same, seen.live, seen.result, seen.reason, seen.mine FROM input"
         " LEFT JOIN claimed ON claimed.key = input.key LEFT JOIN seen ON seen.key = input.key";
-    s.commit_batch = "UPDATE " + t +
-                     " AS log SET status = 'committed', result = v.result, updated_at = now()"
-                     " FROM unnest($1::bytea[], $2::bigint[], $3::bytea[]) WITH ORDINALITY"
-                     " AS v(key, fence, result, n)"
-                     " WHERE log.key = v.key AND log.fence = v.fence AND log.status = 'in_flight'"
-                     " RETURNING v.n";
+    s.extend = "UPDATE " + t +
+               " AS log SET lease_until = now() + $3::bigint * interval '1 millisecond'"
+               " FROM unnest($1::bytea[], $2::bigint[]) AS v(key, fence)"
+               " WHERE log.key = v.key AND log.fence = v.fence AND log.status = 'in_flight'";
+    const std::string redrive = "UPDATE " + t +
+                                " SET status = 'in_flight', fence = fence + 1, reason = NULL,"
+                                " lease_until = 'epoch', updated_at = now()";
+    s.redrive_key = redrive + " WHERE key = $1::bytea AND status = 'failed'";
+    s.redrive_range =
+        redrive + " WHERE key IN (SELECT key FROM " + t +
+        " WHERE status = 'failed'"
+        " AND updated_at >= 'epoch'::timestamptz + $1::bigint * interval '1 microsecond'"
+        " AND updated_at < 'epoch'::timestamptz + $2::bigint * interval '1 microsecond'"
+        " LIMIT $3::bigint FOR UPDATE SKIP LOCKED)";
+    s.batch_landed = "SELECT count(*) FROM " + t +
+                     " AS log, unnest($1::bytea[], $2::bigint[]) AS v(key, fence)"
+                     " WHERE log.key = v.key AND log.fence = v.fence AND log.status = 'committed'";
     s.purge = "DELETE FROM " + t + " WHERE key IN (SELECT key FROM " + t +
               " WHERE status IN ('committed', 'failed')"
               " AND created_at < now() - $1::bigint * interval '1 second'"
@@ -582,12 +751,13 @@ class PostgresStore {
           {reinterpret_cast<const char*>(item.fingerprint.data()), item.fingerprint.size()});
       requests.push_back(item.request);
     }
+    const std::int64_t holder = detail::new_holder_token();  // see reserve
     const pqxx::result rows = run_on(reservation_pool(), [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       return detail::pq::exec_prepared(
           tx, "idemgate_reserve_batch", detail::pq::bytea_array_param(keys),
           detail::pq::bytea_array_param(fingerprints), detail::pq::bytea_array_param(requests),
-          static_cast<std::int64_t>(lease.count()));
+          detail::sql_millis(lease), holder);
     });
     std::vector<std::optional<Reservation>> found(items.size());
     for (const pqxx::row& row : rows) {
@@ -602,6 +772,10 @@ class PostgresStore {
           Reservation::existing(fence, parse_record_status(detail::pq::text_field(row[3])),
                                 detail::pq::bool_field(row[4]), detail::pq::bytea_field(row[6]),
                                 detail::pq::text_field(row[7]));
+      if (existing.status == RecordStatus::in_flight && detail::pq::bool_field(row[8])) {
+        found[index] = Reservation::acquired(fence);  // this batch's own row; its reply was lost
+        continue;
+      }
       const bool expired = existing.status == RecordStatus::in_flight && existing.same_request &&
                            !detail::pq::bool_field(row[5]);
       if (!expired) found[index] = std::move(existing);
@@ -615,10 +789,12 @@ class PostgresStore {
     return reservations;
   }
 
-  /// Commits many outcomes in one transaction: `business(tx, index)` for every item, then one
-  /// fenced update for all of them, then one COMMIT. All or nothing: when a fence no longer holds
-  /// or a business write fails, nothing is written and the answer is nullopt — commit the items
-  /// one by one instead (`Gate::process_batch` does).
+  /// Commits many outcomes in one transaction: `business(tx, index)` and the item's fenced update
+  /// for every item, then one COMMIT (one WAL flush for the batch). All or nothing: when a fence
+  /// no longer holds or a business write throws, nothing is written and the answer is nullopt —
+  /// commit the items one by one instead (`Gate::process_batch` does). A business write that broke
+  /// the transaction throws `BusinessWriteError` naming its key: then nothing may be retried item
+  /// by item. After an in-doubt COMMIT it asks whether the batch landed before answering.
   template <class BusinessWrite>
   std::optional<std::vector<CommitStatus>> commit_batch(std::span<const CommitItem> items,
                                                         BusinessWrite&& business) {
@@ -631,24 +807,59 @@ class PostgresStore {
     }
     const std::string key_array = detail::pq::bytea_array_param(keys);
     const std::string fence_array = detail::pq::bigint_array_param(fences);
-    const std::string result_array = detail::pq::bytea_array_param(results);
-    try {
-      const bool all_held = run([&](pqxx::connection& c) {
-        pqxx::work tx(c);
-        for (std::size_t i = 0; i < items.size(); ++i) business(tx, i);
-        const pqxx::result updated = detail::pq::exec_prepared(
-            tx, "idemgate_commit_batch", key_array, fence_array, result_array);
-        if (updated.size() != items.size()) return false;  // rolled back on leaving
-        tx.commit();
-        return true;
+    for (int attempt = 1;; ++attempt) {
+      bool in_doubt = false;
+      std::string why;
+      {
+        auto lease = pool_.acquire();
+        try {
+          prepare_once(lease);
+          pqxx::work tx(lease.connection());
+          // Each business write is followed by its own fenced update, checked like commit's: a
+          // business write that breaks the transaction is named, and no later item's write runs
+          // outside the transaction.
+          for (std::size_t i = 0; i < items.size(); ++i) {
+            business(tx, i);
+            const pqxx::result updated = fenced_update(
+                tx, fenced_update_sql(items[i].key, items[i].fence, items[i].result), items[i].key);
+            if (detail::pq::affected_rows(updated) == 0) return std::nullopt;  // a fence moved
+          }
+          tx.commit();
+          return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
+        } catch (const StoreError&) {
+          throw;
+        } catch (const pqxx::broken_connection& e) {
+          lease.mark_broken();
+          in_doubt = true;
+          why = e.what();
+        } catch (const pqxx::in_doubt_error& e) {
+          lease.mark_broken();
+          in_doubt = true;
+          why = e.what();
+        } catch (const pqxx::sql_error& e) {
+          throw_if_log_schema_error(e);
+          return std::nullopt;  // a business write refused: item by item costs only its message
+        } catch (const std::exception&) {
+          return std::nullopt;
+        }
+      }
+      if (!in_doubt) return std::nullopt;
+      // The COMMIT may have landed before the connection broke. It is one transaction: all of
+      // the batch landed, or none of it did.
+      const std::int64_t landed = run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return detail::pq::int_field(
+            detail::pq::exec_prepared(tx, "idemgate_batch_landed", key_array, fence_array)[0][0]);
       });
-      if (all_held) return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
-    } catch (const StoreError&) {
-      throw;
-    } catch (const std::exception&) {
-      // A business write refused, or the COMMIT's fate is unknown: item by item decides.
+      if (landed == static_cast<std::int64_t>(items.size()))
+        return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
+      if (landed != 0) return std::nullopt;  // fences moved meanwhile: item by item decides
+      if (attempt >= options_.commit_attempts)
+        throw StoreError("idemgate: the batch commit of " + std::to_string(items.size()) +
+                         " events failed " + std::to_string(attempt) + " times (" + why +
+                         "); nothing was committed. Do not ack: the redelivery or the "
+                         "reconciler finishes them.");
     }
-    return std::nullopt;
   }
 
   /// The table this store writes.
@@ -693,7 +904,10 @@ class PostgresStore {
     detail::pq::prepare(c, "idemgate_mismatches", sql_.mismatches);
     detail::pq::prepare(c, "idemgate_purge", sql_.purge);
     detail::pq::prepare(c, "idemgate_reserve_batch", sql_.reserve_batch);
-    detail::pq::prepare(c, "idemgate_commit_batch", sql_.commit_batch);
+    detail::pq::prepare(c, "idemgate_extend", sql_.extend);
+    detail::pq::prepare(c, "idemgate_batch_landed", sql_.batch_landed);
+    detail::pq::prepare(c, "idemgate_redrive_key", sql_.redrive_key);
+    detail::pq::prepare(c, "idemgate_redrive_range", sql_.redrive_range);
   }
 
   // Runs one unit of work on a pooled connection. A connection that broke before or during
@@ -732,23 +946,74 @@ class PostgresStore {
     }
   }
 
-  // After a fenced update touched no row: was it this fence's own earlier attempt that landed?
-  // Asked on the caller's connection: a second checkout could wait on a pool of one.
-  // With relaxed reservations, a row that is gone altogether was lost in a database crash: no
-  // one else holds the event, so this delivery must not be acked.
+  // What a fenced write finds when it touched no row, or before it repeats a commit whose
+  // COMMIT may have landed: nullopt when the row is still in flight under this fence (the write
+  // may go ahead); `committed` when this fence's own earlier attempt landed; `lost_lease` when a
+  // higher fence took the event over. A row gone, or in flight under a lower fence, means this
+  // attempt's own reservation or takeover was lost in a database crash (relaxed reservations):
+  // nobody holds the event, so it must not be acked. Asked on the caller's connection: a second
+  // checkout could wait on a pool of one.
+  template <class Transaction>
+  std::optional<CommitStatus> settled_state(Transaction& tx, const std::string& key_param,
+                                            std::int64_t fence, RecordStatus target) const {
+    const pqxx::result rows = detail::pq::exec_prepared(tx, "idemgate_settled", key_param);
+    if (rows.empty())
+      throw StoreError("idemgate: the reservation of this event is gone from " + table_ +
+                       " (a reservation lost in a database crash?); nothing was committed. Do "
+                       "not ack: the redelivery reserves it again and the downstream returns "
+                       "the original outcome for the key.");
+    const RecordStatus status = parse_record_status(detail::pq::text_field(rows[0][0]));
+    const std::int64_t stored = detail::pq::int_field(rows[0][1]);
+    if (stored < fence && status == RecordStatus::in_flight)
+      throw StoreError("idemgate: the event's row in " + table_ + " is back at fence " +
+                       std::to_string(stored) + ", below this attempt's " + std::to_string(fence) +
+                       ": this attempt's takeover was lost in a database crash and nobody holds "
+                       "the event. Nothing was committed. Do not ack: the redelivery or the "
+                       "reconciler takes it over again.");
+    if (stored == fence && status == target) return CommitStatus::committed;
+    if (stored == fence && status == RecordStatus::in_flight) return std::nullopt;
+    return CommitStatus::lost_lease;
+  }
+
   template <class Transaction>
   CommitStatus settled_earlier(Transaction& tx, const std::string& key_param, std::int64_t fence,
                                RecordStatus target) const {
-    const pqxx::result rows = detail::pq::exec_prepared(tx, "idemgate_settled", key_param);
-    if (rows.empty() && relaxed_pool_)
-      throw StoreError("idemgate: the reservation of this event is gone from " + table_ +
-                       " (a relaxed reservation lost in a database crash?); nothing was "
-                       "committed. Do not ack: the redelivery reserves it again and the "
-                       "downstream returns the original outcome for the key.");
-    if (!rows.empty() && parse_record_status(detail::pq::text_field(rows[0][0])) == target &&
-        detail::pq::int_field(rows[0][1]) == fence)
-      return CommitStatus::committed;
-    return CommitStatus::lost_lease;
+    return settled_state(tx, key_param, fence, target).value_or(CommitStatus::lost_lease);
+  }
+
+  // The fenced commit update for one key, as literals (see fenced_update).
+  std::string fenced_update_sql(const Key& key, std::int64_t fence, std::string_view result) const {
+    return "UPDATE " + table_ +
+           " SET status = 'committed', result = " + detail::pq::bytea_literal(result) +
+           ", updated_at = now() WHERE key = " + detail::pq::bytea_literal(key.view()) +
+           " AND status = 'in_flight' AND fence = " + std::to_string(fence);
+  }
+
+  // Runs the status update that follows a business write. It goes through libpqxx's checked
+  // path (a statement without parameters), which refuses to run once the transaction has
+  // ended: with libpqxx 6.4, a failed statement that the business write caught ends the
+  // transaction, and later parameterised statements would run — and commit — on their own.
+  pqxx::result fenced_update(pqxx::work& tx, const std::string& sql, const Key& key) const {
+    try {
+      return detail::pq::exec(tx, sql);
+    } catch (const pqxx::usage_error& e) {
+      throw broken_transaction(key, e.what());
+    } catch (const pqxx::sql_error& e) {
+      if (e.sqlstate() == "25P02" || e.sqlstate() == "25P01")  // aborted, or no transaction
+        throw broken_transaction(key, e.what());
+      throw;
+    }
+  }
+
+  BusinessWriteError broken_transaction(const Key& key, const std::string& detail) const {
+    return BusinessWriteError(
+        "idemgate: the business write of key " + key.hex() +
+        " broke its transaction: it caught an SQL error (which ends a libpqxx transaction) or "
+        "ended the transaction itself, and went on (" +
+        detail + "). Nothing was committed to " + table_ +
+        "; the event stays in flight and its lease was ended. Statements the business write ran "
+        "after the error were not part of the transaction. Let SQL errors propagate out of the "
+        "business write, or recover from an expected one inside a pqxx::subtransaction.");
   }
 
   CommitStatus settle(const char* statement, const Key& key, std::int64_t fence,
@@ -826,6 +1091,7 @@ class PostgresStore {
     record.created_at = detail::from_micros(detail::pq::int_field(row[8]));
     record.updated_at = detail::from_micros(detail::pq::int_field(row[9]));
     record.lease_until = detail::from_micros(detail::pq::int_field(row[10]));
+    record.attempts = detail::pq::int_field(row[11]);
     return record;
   }
 
@@ -838,5 +1104,8 @@ class PostgresStore {
 
 static_assert(store<PostgresStore>);
 static_assert(monitored_store<PostgresStore>);
+static_assert(explaining_store<PostgresStore>);
+static_assert(lease_extending_store<PostgresStore>);
+static_assert(redrivable_store<PostgresStore>);
 
 }  // namespace idemgate

@@ -642,7 +642,7 @@ class SqliteStore {
         take.bind("taking stale rows", now, now - detail::sqlite::to_micros(stale_after),
                   now + detail::sqlite::to_micros(lease), sql_limit(limit));
         while (take.step("taking stale rows"))
-          taken.push_back({key_from(take.bytes(0)), take.int64(1), take.bytes(2)});
+          taken.push_back({key_from(take.bytes(0)), take.int64(1), take.bytes(2), 0, {}});
       }
       end("taking stale rows");
       return taken;
@@ -995,9 +995,18 @@ class SqliteStore {
     auto& read = statement(sql_.settled);
     detail::sqlite::ResetGuard guard(read);
     read.bind("checking an earlier attempt", key);
-    if (read.step("checking an earlier attempt") && parse_record_status(read.bytes(0)) == target &&
-        read.int64(1) == fence)
-      return CommitStatus::committed;
+    if (!read.step("checking an earlier attempt"))
+      throw StoreError("idemgate: the reservation of this event is gone from " + path_ +
+                       " (lost in a crash or a restore?); nothing was written. Do not ack: the "
+                       "redelivery reserves it again.");
+    const RecordStatus status = parse_record_status(read.bytes(0));
+    const std::int64_t stored = read.int64(1);
+    if (status == RecordStatus::in_flight && stored < fence)
+      throw StoreError("idemgate: the event's row in " + path_ + " is back at fence " +
+                       std::to_string(stored) + ", below this attempt's " + std::to_string(fence) +
+                       " (its takeover was lost in a crash or a restore); nothing was written. "
+                       "Do not ack: the redelivery or the reconciler takes it over again.");
+    if (status == target && stored == fence) return CommitStatus::committed;
     return CommitStatus::lost_lease;
   }
 
