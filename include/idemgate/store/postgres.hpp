@@ -2,10 +2,12 @@
 
 #include "../concepts.hpp"
 #include "../detail/connection_pool.hpp"
+#include "../detail/durations.hpp"
 #include "../detail/pqxx_compat.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstddef>
@@ -86,6 +88,19 @@ inline std::int64_t sql_limit(std::size_t limit) {
   return static_cast<std::int64_t>(limit > most ? most : limit);
 }
 
+/// Longest duration given to PostgreSQL's interval arithmetic: 1000 years (of 365.25 days), so
+/// `now() ± d` stays far inside timestamptz's range. Longer durations are clamped to it, which
+/// for rows this store stamps with now() means forever: a lease never expires, a row is never
+/// stale, nothing is purged.
+inline constexpr std::chrono::seconds max_sql_duration{31'557'600'000};
+
+/// `d` in whole `Unit`s as a bigint parameter, clamped to ±`max_sql_duration`.
+template <class Unit, class Rep, class Period>
+[[nodiscard]] inline std::int64_t sql_duration(std::chrono::duration<Rep, Period> d) {
+  const std::int64_t most = saturating_cast<Unit>(max_sql_duration).count();
+  return std::clamp<std::int64_t>(saturating_cast<Unit>(d).count(), -most, most);
+}
+
 inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
   return std::chrono::system_clock::time_point(std::chrono::microseconds(micros));
 }
@@ -99,6 +114,9 @@ inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
  * checks one out for the length of its statement or transaction, so N worker threads can share
  * one store over M connections. Broken connections are reopened on their next checkout.
  *
+ * Durations given to its methods are clamped to ±1000 years (`detail::max_sql_duration`), so
+ * PostgreSQL's interval arithmetic never overflows: `duration::max()` means forever.
+ *
  * Example:
  *   idemgate::PostgresStore store{"postgresql://app@127.0.0.1/app", {.pool_size = 4}};
  *   store.migrate();
@@ -110,7 +128,22 @@ class PostgresStore {
 
   /// Connects to `uri` (the first connection opens now, so a bad URI throws `StoreError` here).
   explicit PostgresStore(std::string uri, PostgresOptions options = {})
-      : options_(std::move(options)),
+      : options_([&] {
+          using std::chrono::milliseconds;
+          detail::require_in_range("PostgresOptions::pool_size", options.pool_size, std::size_t{1},
+                                   std::size_t{1000},
+                                   "It is the connections this store opens (default 1).");
+          detail::require_in_range("PostgresOptions::checkout_timeout", options.checkout_timeout,
+                                   milliseconds(1), std::chrono::hours(1),
+                                   "It is how long a call waits for a free connection (default "
+                                   "30 s).");
+          if (options.commit_attempts < 1 || options.commit_attempts > 100)
+            throw std::invalid_argument("idemgate: PostgresOptions::commit_attempts is " +
+                                        std::to_string(options.commit_attempts) +
+                                        "; it must be between 1 and 100. It is how often a commit "
+                                        "whose connection broke is tried (default 3).");
+          return std::move(options);
+        }()),
         table_(detail::checked_table_name(options_.table)),
         sql_(statements(table_)),
         pool_(uri, options_.pool_size, options_.checkout_timeout) {
@@ -190,7 +223,7 @@ class PostgresStore {
     const std::string fingerprint_param = detail::pq::bytea_param(
         {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
     const std::string request_param = detail::pq::bytea_param(request);
-    const auto lease_ms = static_cast<std::int64_t>(lease.count());
+    const auto lease_ms = detail::sql_duration<std::chrono::milliseconds>(lease);
     // Under READ COMMITTED the conflicting row may have committed after this statement's
     // snapshot: the insert then does nothing and the read sees nothing. A new statement has a
     // new snapshot, so the loop ends as soon as the row is visible.
@@ -302,8 +335,8 @@ class PostgresStore {
     pqxx::result rows = run([&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       return detail::pq::exec_prepared(
-          tx, "idemgate_take_stale", static_cast<std::int64_t>(stale_after.count()),
-          detail::sql_limit(limit), static_cast<std::int64_t>(lease.count()));
+          tx, "idemgate_take_stale", detail::sql_duration<std::chrono::milliseconds>(stale_after),
+          detail::sql_limit(limit), detail::sql_duration<std::chrono::milliseconds>(lease));
     });
     std::vector<Stranded> taken;
     taken.reserve(rows.size());
@@ -347,7 +380,7 @@ class PostgresStore {
     const pqxx::result rows = run([&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       return detail::pq::exec_prepared(tx, "idemgate_signals",
-                                       static_cast<std::int64_t>(window.count()));
+                                       detail::sql_duration<std::chrono::seconds>(window));
     });
     const pqxx::row row = rows[0];
     StoreSignals s;
@@ -400,7 +433,7 @@ class PostgresStore {
       const std::int64_t n = run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         return detail::pq::affected_rows(detail::pq::exec_prepared(
-            tx, "idemgate_purge", static_cast<std::int64_t>(older_than.count()),
+            tx, "idemgate_purge", detail::sql_duration<std::chrono::seconds>(older_than),
             detail::sql_limit(batch)));
       });
       deleted += static_cast<std::size_t>(n);
@@ -587,7 +620,7 @@ class PostgresStore {
       return detail::pq::exec_prepared(
           tx, "idemgate_reserve_batch", detail::pq::bytea_array_param(keys),
           detail::pq::bytea_array_param(fingerprints), detail::pq::bytea_array_param(requests),
-          static_cast<std::int64_t>(lease.count()));
+          detail::sql_duration<std::chrono::milliseconds>(lease));
     });
     std::vector<std::optional<Reservation>> found(items.size());
     for (const pqxx::row& row : rows) {
