@@ -2,6 +2,7 @@
 
 #include "batch.hpp"
 #include "concepts.hpp"
+#include "detail/durations.hpp"
 #include "detail/lru_cache.hpp"
 #include "detail/sha256.hpp"
 #include "outcome.hpp"
@@ -132,11 +133,18 @@ class Gate {
         options_(options),
         observer_(observer),
         cache_(options.cache_capacity) {
-    if (options.lease <= std::chrono::milliseconds(0) ||
-        options.lease > std::chrono::hours(24 * 365))
-      throw std::invalid_argument(
-          "idemgate: GateOptions::lease must be positive and at most a year; set it a bit above "
-          "the longest plausible processing time (default 2 minutes)");
+    detail::require_in_range("GateOptions::lease", options.lease, std::chrono::milliseconds(1),
+                             std::chrono::days(365),
+                             "Set it a bit above the longest plausible processing time (default "
+                             "2 minutes).");
+    detail::require_in_range("GateOptions::max_request_bytes", options.max_request_bytes,
+                             std::size_t{1}, std::size_t{64} << 20,
+                             "Every request is stored with its reservation (default 1 MiB); keep "
+                             "larger payloads elsewhere and send a reference.");
+    detail::require_in_range("GateOptions::cache_capacity", options.cache_capacity, std::size_t{0},
+                             std::size_t{10'000'000},
+                             "It is the committed keys remembered in this process; 0 turns the "
+                             "cache off.");
     if constexpr (!Downstream::honours_idempotency_key &&
                   requires { store.relaxed_reservations(); }) {
       if (store.relaxed_reservations())

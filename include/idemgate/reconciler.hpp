@@ -1,6 +1,7 @@
 #pragma once
 
 #include "concepts.hpp"
+#include "detail/durations.hpp"
 #include "detail/periodic.hpp"
 #include "gate.hpp"
 #include "outcome.hpp"
@@ -16,20 +17,31 @@
 
 namespace idemgate {
 
-/// Tuning of a `Reconciler`.
+/// Tuning of a `Reconciler`. Its constructor refuses values outside the ranges below with
+/// `std::invalid_argument`.
 struct ReconcilerOptions {
-  /// Time between passes of the background loop.
+  /// Time between passes of the background loop: from 1 ms to a day.
   std::chrono::milliseconds interval = std::chrono::minutes(1);
   /// An in-flight row is stranded when its lease has expired and it has not changed for this
-  /// long.
+  /// long: from 0 (as soon as its lease expired) to a year.
   std::chrono::milliseconds stale_after = std::chrono::minutes(2);
-  /// Most rows taken over in one pass.
+  /// Most rows taken over in one pass: from 1 to `max_batch`.
   std::size_t batch = 100;
   /// Attempts an event may take (its first reservation, redeliveries after an expired lease and
   /// reconciler passes together) before the reconciler stops retrying it and escalates it with
   /// the last error: a poison row whose business write always throws, or whose downstream keeps
-  /// failing, ends in the manual queue instead of being retaken forever.
+  /// failing, ends in the manual queue instead of being retaken forever. From 1 to
+  /// `max_max_attempts`.
   std::size_t max_attempts = 10;
+
+  /// Longest `interval`.
+  static constexpr std::chrono::days max_interval{1};
+  /// Longest `stale_after`.
+  static constexpr std::chrono::days max_stale_after{365};
+  /// Largest `batch`.
+  static constexpr std::size_t max_batch = 10'000;
+  /// Largest `max_attempts`.
+  static constexpr std::size_t max_max_attempts = 1'000'000;
 };
 
 /// What one reconciler pass did.
@@ -76,9 +88,26 @@ class Reconciler {
   /// The gate whose stranded rows this reconciler finishes.
   using gate_type = Gate<Store, Downstream, Apply, Observer>;
 
-  /// A reconciler for `gate`'s store and downstream.
+  /// A reconciler for `gate`'s store and downstream; throws `std::invalid_argument` when an
+  /// option is out of its range.
   explicit Reconciler(gate_type& gate, ReconcilerOptions options = {})
-      : gate_(gate), options_(options) {}
+      : gate_(gate), options_(options) {
+    using std::chrono::milliseconds;
+    detail::require_in_range("ReconcilerOptions::interval", options_.interval, milliseconds(1),
+                             ReconcilerOptions::max_interval,
+                             "It is the pause between passes (default 1 minute).");
+    detail::require_in_range("ReconcilerOptions::stale_after", options_.stale_after,
+                             milliseconds(0), ReconcilerOptions::max_stale_after,
+                             "0 takes a row over as soon as its lease expired (default 2 "
+                             "minutes).");
+    detail::require_in_range("ReconcilerOptions::batch", options_.batch, std::size_t{1},
+                             ReconcilerOptions::max_batch,
+                             "It is the most rows taken over per pass (default 100).");
+    detail::require_in_range("ReconcilerOptions::max_attempts", options_.max_attempts,
+                             std::size_t{1}, ReconcilerOptions::max_max_attempts,
+                             "It is how many attempts an event gets before it is escalated "
+                             "(default 10).");
+  }
 
   Reconciler(const Reconciler&) = delete;
   Reconciler& operator=(const Reconciler&) = delete;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "detail/durations.hpp"
 #include "detail/periodic.hpp"
 #include "signals.hpp"
 
@@ -12,16 +13,25 @@
 
 namespace idemgate {
 
-/// Tuning of `Retention`.
+/// Tuning of `Retention`. `Retention`'s constructor refuses values outside the ranges below with
+/// `std::invalid_argument`.
 struct RetentionOptions {
   /// How long a finished row is kept: the dedup window. It must be longer than the longest
   /// time after which the upstream may still redeliver or replay an event; a redelivery after
-  /// its row was purged is processed again.
+  /// its row was purged is processed again. At least a second; `std::chrono::seconds::max()`
+  /// (or any window longer than a store can represent) keeps every row forever: nothing is
+  /// ever purged.
   std::chrono::seconds keep = std::chrono::hours(24 * 7);
-  /// Time between purges of the background loop.
+  /// Time between purges of the background loop: from 1 ms to 7 days.
   std::chrono::milliseconds interval = std::chrono::hours(1);
-  /// Rows deleted per statement, so each delete is short beside live traffic.
+  /// Rows deleted per statement, so each delete is short beside live traffic: from 1 to
+  /// `max_batch`.
   std::size_t batch = 1000;
+
+  /// Longest `interval`.
+  static constexpr std::chrono::days max_interval{7};
+  /// Largest `batch`.
+  static constexpr std::size_t max_batch = 1'000'000;
 };
 
 /**
@@ -35,9 +45,9 @@ struct RetentionOptions {
 template <monitored_store Store>
 class Retention {
  public:
-  /// Retention over `store`.
+  /// Retention over `store`; throws `std::invalid_argument` when an option is out of its range.
   explicit Retention(Store& store, RetentionOptions options = {})
-      : store_(store), options_(options) {}
+      : store_(store), options_(checked(options)) {}
   Retention(const Retention&) = delete;
   Retention& operator=(const Retention&) = delete;
   ~Retention() { stop(); }
@@ -71,6 +81,20 @@ class Retention {
   }
 
  private:
+  static RetentionOptions checked(const RetentionOptions& o) {
+    detail::require_in_range("RetentionOptions::keep", o.keep, std::chrono::seconds(1),
+                             std::chrono::seconds::max(),
+                             "Set it above the longest time after which an event may still be "
+                             "redelivered (default 7 days); seconds::max() keeps rows forever.");
+    detail::require_in_range("RetentionOptions::interval", o.interval, std::chrono::milliseconds(1),
+                             RetentionOptions::max_interval,
+                             "It is the pause between purges (default 1 hour).");
+    detail::require_in_range("RetentionOptions::batch", o.batch, std::size_t{1},
+                             RetentionOptions::max_batch,
+                             "It is the rows deleted per statement (default 1000).");
+    return o;
+  }
+
   Store& store_;
   RetentionOptions options_;
   std::atomic<std::size_t> purged_{0};

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "detail/durations.hpp"
 #include "key.hpp"
 #include "outcome.hpp"
 #include "record.hpp"
@@ -10,7 +11,10 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -49,14 +53,36 @@ struct StoreSignals {
   }
 };
 
-/// When the signals call for attention: the story's three alarms.
+/// When the signals call for attention: the story's three alarms. `evaluate` refuses values
+/// outside the ranges below with `std::invalid_argument`.
 struct SignalThresholds {
-  /// At least this many events in the window before a duplicate ratio of 0 is suspicious.
+  /// At least this many events in the window before a duplicate ratio of 0 is suspicious: at
+  /// least 1; the type's `max()` turns the alarm off.
   std::int64_t min_events_for_zero_ratio = 100;
-  /// A duplicate ratio above this means an upstream misbehaves.
+  /// A duplicate ratio above this means an upstream misbehaves: from 0 to 1 (1 turns the alarm
+  /// off).
   double high_duplicate_ratio = 0.20;
-  /// An in-flight row older than this is stranded.
+  /// An in-flight row older than this is stranded: at least 0; `seconds::max()` turns the alarm
+  /// off.
   std::chrono::seconds stranded_after = std::chrono::minutes(10);
+
+  /// Throws `std::invalid_argument`, naming the threshold and its range, when one is out of it.
+  void validate() const {
+    if (min_events_for_zero_ratio < 1)
+      throw std::invalid_argument("idemgate: SignalThresholds::min_events_for_zero_ratio is " +
+                                  std::to_string(min_events_for_zero_ratio) +
+                                  "; it must be between 1 and " +
+                                  std::to_string(std::numeric_limits<std::int64_t>::max()) +
+                                  ". Without traffic no ratio is suspicious (default 100).");
+    if (!(high_duplicate_ratio >= 0.0 && high_duplicate_ratio <= 1.0))
+      throw std::invalid_argument("idemgate: SignalThresholds::high_duplicate_ratio is " +
+                                  std::to_string(high_duplicate_ratio) +
+                                  "; it must be between 0 and 1 (a fraction of the events, "
+                                  "default 0.20).");
+    detail::require_in_range("SignalThresholds::stranded_after", stranded_after,
+                             std::chrono::seconds(0), std::chrono::seconds::max(),
+                             "An in-flight row older than it raises the alarm (default 10 min).");
+  }
 };
 
 /// What the signals say, alarm by alarm.
@@ -77,8 +103,10 @@ struct Health {
   }
 };
 
-/// Evaluates the signals against the thresholds.
+/// Evaluates the signals against the thresholds; throws `std::invalid_argument` when a threshold
+/// is out of its range (see `SignalThresholds::validate`).
 [[nodiscard]] inline Health evaluate(const StoreSignals& s, const SignalThresholds& t = {}) {
+  t.validate();
   Health h;
   h.key_derivation_suspect = s.events >= t.min_events_for_zero_ratio && s.duplicates == 0;
   h.upstream_misbehaving = s.events > 0 && s.duplicate_ratio() > t.high_duplicate_ratio;

@@ -1,5 +1,7 @@
 #pragma once
 
+#include "durations.hpp"
+
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -18,7 +20,8 @@ class PeriodicWorker {
   PeriodicWorker& operator=(const PeriodicWorker&) = delete;
   ~PeriodicWorker() { stop(); }
 
-  /// Starts the loop; does nothing when it already runs. `pass` must not throw.
+  /// Starts the loop; does nothing when it already runs. `pass` must not throw. Any `interval`
+  /// is safe: the next deadline saturates, so `milliseconds::max()` sleeps until `stop()`.
   void start(std::chrono::milliseconds interval, std::function<void()> pass) {
     std::lock_guard lock(control_);
     if (thread_.joinable()) return;
@@ -27,7 +30,9 @@ class PeriodicWorker {
       while (!stop.stop_requested()) {
         pass();
         std::unique_lock sleep_lock(sleep_mutex);
-        wake_.wait_for(sleep_lock, stop, interval, [] { return false; });
+        // wait_for would add `interval` to the clock unchecked and overflow for huge ones.
+        const auto deadline = saturating_add(std::chrono::steady_clock::now(), interval);
+        wake_.wait_until(sleep_lock, stop, deadline, [] { return false; });
       }
     });
   }

@@ -5,6 +5,7 @@
 
 #include "../codec.hpp"
 #include "../concepts.hpp"
+#include "../detail/durations.hpp"
 #include "../key.hpp"
 #include "../outcome.hpp"
 #include "../version.hpp"
@@ -70,13 +71,15 @@ enum class KeyHeaderForm {
   bare,        ///< The 64 hex digits alone, as Stripe and many older APIs expect.
 };
 
-/// Tuning of an `HttpDownstream`.
+/// Tuning of an `HttpDownstream`. Its constructor refuses values outside the ranges below with
+/// `std::invalid_argument`.
 struct HttpOptions {
-  /// How long to wait for the TCP (and TLS) connection.
+  /// How long to wait for the TCP (and TLS) connection: from 1 ms to `max_timeout`.
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(3);
-  /// How long to wait for each read of the response. Keep it well under the gate's lease.
+  /// How long to wait for each read of the response: from 1 ms to `max_timeout`. Keep it well
+  /// under the gate's lease.
   std::chrono::milliseconds read_timeout = std::chrono::seconds(10);
-  /// How long to wait for each write of the request.
+  /// How long to wait for each write of the request: from 1 ms to `max_timeout`.
   std::chrono::milliseconds write_timeout = std::chrono::seconds(10);
   /// How the key is written in the header.
   KeyHeaderForm key_header_form = KeyHeaderForm::structured;
@@ -84,7 +87,8 @@ struct HttpOptions {
   std::vector<std::pair<std::string, std::string>> headers;
   /// A PEM file of trusted CA certificates for https; empty uses the system's store.
   std::string ca_cert_file;
-  /// How many bytes of an error response's body are quoted in a failure's reason.
+  /// How many bytes of an error response's body are quoted in a failure's reason: from 0 (none)
+  /// to `max_reason_excerpt_bytes`.
   std::size_t reason_excerpt_bytes = 200;
   /// 4xx answers to a claim that mean "our set-up is wrong", not "this event is wrong": a
   /// credential that expired or lacks a permission (401, 403, 407), a wrong URL or method (404,
@@ -93,6 +97,12 @@ struct HttpOptions {
   /// `ReconcilerOptions::max_attempts`. Every other 4xx except 408, 409, 425 and 429 (always
   /// transient) is a permanent failure. Remove a status here to have it stored as permanent.
   std::vector<int> configuration_statuses = {401, 403, 404, 405, 407, 421};
+
+  /// Longest timeout. The HTTP client waits in milliseconds held in an `int`, which a timeout
+  /// past about 24 days would overflow.
+  static constexpr std::chrono::hours max_timeout{24};
+  /// Largest `reason_excerpt_bytes`; reasons are stored with failed rows.
+  static constexpr std::size_t max_reason_excerpt_bytes = 64 * 1024;
 };
 
 /// A parsed base URL: `http[s]://host[:port][/path]`.
@@ -228,12 +238,30 @@ class HttpDownstream {
   static constexpr bool honours_idempotency_key = HonoursKeys;
 
   /// A downstream at `base_url` (`http[s]://host[:port][/path]`); throws `std::invalid_argument`
-  /// when the URL is malformed.
+  /// when the URL is malformed or an option is out of its range.
   explicit HttpDownstream(std::string_view base_url, HttpOptions options = {}, Mapping mapping = {})
       : base_(BaseUrl::parse(base_url)),
         origin_(base_.origin()),
         options_(std::move(options)),
-        mapping_(std::move(mapping)) {}
+        mapping_(std::move(mapping)) {
+    const auto timeout = [](std::string_view option, std::chrono::milliseconds value) {
+      detail::require_in_range(option, value, std::chrono::milliseconds(1),
+                               HttpOptions::max_timeout,
+                               "A call that waits longer belongs to a queue, not to a request.");
+    };
+    timeout("HttpOptions::connect_timeout", options_.connect_timeout);
+    timeout("HttpOptions::read_timeout", options_.read_timeout);
+    timeout("HttpOptions::write_timeout", options_.write_timeout);
+    detail::require_in_range("HttpOptions::reason_excerpt_bytes", options_.reason_excerpt_bytes,
+                             std::size_t{0}, HttpOptions::max_reason_excerpt_bytes,
+                             "It is how much of an error body a failure's reason quotes "
+                             "(default 200).");
+    for (int status : options_.configuration_statuses)
+      detail::require_in_range("an entry of HttpOptions::configuration_statuses",
+                               static_cast<std::size_t>(status < 0 ? 0 : status), std::size_t{400},
+                               std::size_t{499},
+                               "Only client errors (4xx) can mean the set-up is wrong.");
+  }
 
   /// Sends `request` with `key` in the `Idempotency-Key` header.
   [[nodiscard]] ClaimResult<outcome_type> claim(const request_type& request, const Key& key) const {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "../concepts.hpp"
+#include "../detail/durations.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
 
@@ -24,6 +25,10 @@ namespace idemgate {
  * Everything is lost when the process exits, and two processes never see each other's keys, so a
  * restart or a second consumer processes every event again. Use it in unit tests and examples;
  * use `SqliteStore` or `PostgresStore` for anything that must survive a restart. Thread-safe.
+ *
+ * Every duration parameter is added to or subtracted from the clock with saturating arithmetic:
+ * `duration::max()` means forever (a lease never expires, a row is never stale or purged), and
+ * negative or `duration::min()` values never wrap around (a negative lease has already expired).
  */
 class MemoryStore {
  public:
@@ -61,7 +66,7 @@ class MemoryStore {
       row.request.assign(request);
       row.fingerprint = fingerprint;
       row.created_at = row.updated_at = now;
-      row.lease_until = now + lease;
+      row.lease_until = detail::saturating_add(now, lease);
       row.attempts = 1;
       return Reservation::acquired(row.fence);
     }
@@ -70,7 +75,7 @@ class MemoryStore {
     if (same && row.status == RecordStatus::in_flight && row.lease_until < now) {
       ++row.fence;
       ++row.attempts;
-      row.lease_until = now + lease;
+      row.lease_until = detail::saturating_add(now, lease);
       row.updated_at = now;
       return Reservation::taken_over(row.fence);
     }
@@ -178,7 +183,7 @@ class MemoryStore {
     std::vector<Record*> candidates;
     for (auto& [key, row] : rows_)
       if (row.status == RecordStatus::in_flight && row.lease_until < now &&
-          row.updated_at + stale_after <= now)
+          detail::saturating_add(row.updated_at, stale_after) <= now)
         candidates.push_back(&row);
     std::sort(candidates.begin(), candidates.end(),
               [](const Record* a, const Record* b) { return a->lease_until < b->lease_until; });
@@ -188,7 +193,7 @@ class MemoryStore {
     for (Record* row : candidates) {
       ++row->fence;
       ++row->attempts;
-      row->lease_until = now + lease;
+      row->lease_until = detail::saturating_add(now, lease);
       row->updated_at = now;
       taken.push_back({row->key, row->fence, row->request, row->attempts, row->reason});
     }
@@ -226,10 +231,11 @@ class MemoryStore {
   StoreSignals signals(std::chrono::seconds window) const {
     std::lock_guard lock(mutex_);
     const auto now = clock_();
+    const auto since = detail::saturating_sub(now, window);
     StoreSignals s;
     s.window = window;
     for (const auto& [key, row] : rows_) {
-      if (row.created_at >= now - window) {
+      if (row.created_at >= since) {
         s.events += 1 + row.duplicates;
         s.duplicates += row.duplicates;
       }
@@ -243,7 +249,7 @@ class MemoryStore {
     }
     std::vector<Key> keys;
     for (const Mismatch& m : mismatches_)
-      if (m.at >= now - window && std::find(keys.begin(), keys.end(), m.key) == keys.end())
+      if (m.at >= since && std::find(keys.begin(), keys.end(), m.key) == keys.end())
         keys.push_back(m.key);
     s.mismatched_keys = static_cast<std::int64_t>(keys.size());
     s.mismatches_total = static_cast<std::int64_t>(mismatches_.size());
@@ -272,7 +278,7 @@ class MemoryStore {
     std::size_t deleted = 0;
     for (;;) {
       std::lock_guard lock(mutex_);
-      const auto cutoff = clock_() - older_than;
+      const auto cutoff = detail::saturating_sub(clock_(), older_than);
       std::size_t this_batch = 0;
       for (auto it = rows_.begin(); it != rows_.end() && this_batch < batch;) {
         const Record& row = it->second;

@@ -7,6 +7,7 @@
 #include "../record.hpp"
 #include "../signals.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstddef>
@@ -88,17 +89,21 @@ inline std::int64_t sql_limit(std::size_t limit) {
   return static_cast<std::int64_t>(limit > most ? most : limit);
 }
 
-inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
-  return std::chrono::system_clock::time_point(std::chrono::microseconds(micros));
+/// Longest duration given to PostgreSQL's interval arithmetic: 1000 years (of 365.25 days), so
+/// `now() ± d` stays far inside timestamptz's range. Longer durations are clamped to it, which
+/// for rows this store stamps with now() means forever: a lease never expires, a row is never
+/// stale, nothing is purged.
+inline constexpr std::chrono::seconds max_sql_duration{31'557'600'000};
+
+/// `d` in whole `Unit`s as a bigint parameter, clamped to ±`max_sql_duration`.
+template <class Unit, class Rep, class Period>
+[[nodiscard]] inline std::int64_t sql_duration(std::chrono::duration<Rep, Period> d) {
+  const std::int64_t most = saturating_cast<Unit>(max_sql_duration).count();
+  return std::clamp<std::int64_t>(saturating_cast<Unit>(d).count(), -most, most);
 }
 
-/// A duration in whole milliseconds for the SQL's interval arithmetic: clamped to 1000 years
-/// either way, which PostgreSQL's intervals and timestamps hold (`max()` still means "never").
-template <class Rep, class Period>
-inline std::int64_t sql_millis(std::chrono::duration<Rep, Period> d) {
-  constexpr std::int64_t bound = 1000LL * 366 * 24 * 3600 * 1000;
-  const std::int64_t ms = saturating_millis(d);
-  return ms < -bound ? -bound : (ms > bound ? bound : ms);
+inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
+  return std::chrono::system_clock::time_point(std::chrono::microseconds(micros));
 }
 
 /// A random, non-zero token that marks the rows one attempt wrote (insert, takeover, take-stale),
@@ -131,6 +136,9 @@ inline std::int64_t sql_micros(std::chrono::system_clock::time_point at) {
  * checks one out for the length of its statement or transaction, so N worker threads can share
  * one store over M connections. Broken connections are reopened on their next checkout.
  *
+ * Durations given to its methods are clamped to ±1000 years (`detail::max_sql_duration`), so
+ * PostgreSQL's interval arithmetic never overflows: `duration::max()` means forever.
+ *
  * Example:
  *   idemgate::PostgresStore store{"postgresql://app@127.0.0.1/app", {.pool_size = 4}};
  *   store.migrate();
@@ -142,7 +150,22 @@ class PostgresStore {
 
   /// Connects to `uri` (the first connection opens now, so a bad URI throws `StoreError` here).
   explicit PostgresStore(std::string uri, PostgresOptions options = {})
-      : options_(std::move(options)),
+      : options_([&] {
+          using std::chrono::milliseconds;
+          detail::require_in_range("PostgresOptions::pool_size", options.pool_size, std::size_t{1},
+                                   std::size_t{1000},
+                                   "It is the connections this store opens (default 1).");
+          detail::require_in_range("PostgresOptions::checkout_timeout", options.checkout_timeout,
+                                   milliseconds(1), std::chrono::hours(1),
+                                   "It is how long a call waits for a free connection (default "
+                                   "30 s).");
+          if (options.commit_attempts < 1 || options.commit_attempts > 100)
+            throw std::invalid_argument("idemgate: PostgresOptions::commit_attempts is " +
+                                        std::to_string(options.commit_attempts) +
+                                        "; it must be between 1 and 100. It is how often a commit "
+                                        "whose connection broke is tried (default 3).");
+          return std::move(options);
+        }()),
         table_(detail::checked_table_name(options_.table)),
         sql_(statements(table_)),
         pool_(uri, options_.pool_size, options_.checkout_timeout) {
@@ -229,7 +252,7 @@ class PostgresStore {
     const std::string fingerprint_param = detail::pq::bytea_param(
         {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
     const std::string request_param = detail::pq::bytea_param(request);
-    const std::int64_t lease_ms = detail::sql_millis(lease);
+    const std::int64_t lease_ms = detail::sql_duration<std::chrono::milliseconds>(lease);
     // This attempt's token: when a reply is lost and the statement runs again, the row it finds
     // is recognised as this attempt's own instead of "another worker holds this key".
     const std::int64_t holder = detail::new_holder_token();
@@ -358,7 +381,7 @@ class PostgresStore {
     }
     const std::string key_array = detail::pq::bytea_array_param(keys);
     const std::string fence_array = detail::pq::bigint_array_param(fences);
-    const std::int64_t lease_ms = detail::sql_millis(lease);
+    const std::int64_t lease_ms = detail::sql_duration<std::chrono::milliseconds>(lease);
     return run([&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       return static_cast<std::size_t>(detail::pq::affected_rows(
@@ -411,9 +434,9 @@ class PostgresStore {
     const std::int64_t holder = detail::new_holder_token();
     pqxx::result rows = run([&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(tx, "idemgate_take_stale",
-                                       detail::saturating_millis(stale_after),
-                                       detail::sql_limit(limit), detail::sql_millis(lease), holder);
+      return detail::pq::exec_prepared(
+          tx, "idemgate_take_stale", detail::sql_duration<std::chrono::milliseconds>(stale_after),
+          detail::sql_limit(limit), detail::sql_duration<std::chrono::milliseconds>(lease), holder);
     });
     std::vector<Stranded> taken;
     taken.reserve(rows.size());
@@ -483,7 +506,7 @@ class PostgresStore {
     const pqxx::result rows = run([&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       return detail::pq::exec_prepared(tx, "idemgate_signals",
-                                       static_cast<std::int64_t>(window.count()));
+                                       detail::sql_duration<std::chrono::seconds>(window));
     });
     const pqxx::row row = rows[0];
     StoreSignals s;
@@ -537,7 +560,7 @@ class PostgresStore {
       const std::int64_t n = run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         return detail::pq::affected_rows(detail::pq::exec_prepared(
-            tx, "idemgate_purge", static_cast<std::int64_t>(older_than.count()),
+            tx, "idemgate_purge", detail::sql_duration<std::chrono::seconds>(older_than),
             detail::sql_limit(batch)));
       });
       deleted += static_cast<std::size_t>(n);
@@ -757,7 +780,7 @@ class PostgresStore {
       return detail::pq::exec_prepared(
           tx, "idemgate_reserve_batch", detail::pq::bytea_array_param(keys),
           detail::pq::bytea_array_param(fingerprints), detail::pq::bytea_array_param(requests),
-          detail::sql_millis(lease), holder);
+          detail::sql_duration<std::chrono::milliseconds>(lease), holder);
     });
     std::vector<std::optional<Reservation>> found(items.size());
     for (const pqxx::row& row : rows) {

@@ -3,6 +3,8 @@
 /// What the webhook verifiers share: the rejection reasons, the verification result, the replay
 /// window and the ways a caller can hand over request headers.
 
+#include "../detail/durations.hpp"
+
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -140,11 +142,16 @@ class WebhookVerification {
  *   idemgate::StandardWebhookVerifier verifier(secret, options);
  */
 struct WebhookOptions {
-  /// How far a signed timestamp may lie from now, in either direction; the edges pass.
+  /// How far a signed timestamp may lie from now, in either direction; the edges pass. From 0
+  /// to `max_tolerance`; a verifier refuses anything else with `std::invalid_argument`.
   std::chrono::seconds tolerance = std::chrono::seconds(300);
   /// Returns the current unix time in seconds; empty means the system clock. Tests inject a
   /// fixed clock here.
   std::function<std::int64_t()> clock;
+
+  /// Longest `tolerance`. Senders sign every retry afresh, so a window of minutes suffices; a
+  /// window longer than the idempotency log keeps its rows would let a replay through.
+  static constexpr std::chrono::hours max_tolerance{24};
 };
 
 namespace detail {
@@ -297,13 +304,13 @@ template <header_lookup Lookup>
  */
 class ReplayWindow {
  public:
-  /// Throws `std::invalid_argument` for a negative tolerance.
+  /// Throws `std::invalid_argument` for a tolerance outside 0 to
+  /// `WebhookOptions::max_tolerance`.
   explicit ReplayWindow(WebhookOptions options = {})
       : tolerance_(options.tolerance), clock_(std::move(options.clock)) {
-    if (tolerance_.count() < 0)
-      throw std::invalid_argument("idemgate: webhook timestamp tolerance is negative (" +
-                                  std::to_string(tolerance_.count()) +
-                                  " s); use a positive number of seconds, 300 by default");
+    detail::require_in_range("WebhookOptions::tolerance", tolerance_, std::chrono::seconds(0),
+                             WebhookOptions::max_tolerance,
+                             "It is how far a signed timestamp may lie from now (default 300 s).");
     if (!clock_) clock_ = system_unix_seconds;
   }
 
