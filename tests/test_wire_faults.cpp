@@ -1,0 +1,658 @@
+// The PostgreSQL store under wire faults at each of its statements, through a protocol-aware
+// proxy: a lost reply (the server ran the statement, the store never heard), a cut in the middle
+// of the statement (the server never ran it), a delay, a blackhole. Each test drives one store
+// operation through the gate, the reconciler or retention as a user would, then finishes what
+// was left in flight with a reconciler pass and checks on the server:
+//   - one business row per committed event, none for an event not committed;
+//   - no acked answer unless the event is committed, failed or escalated (no one else works on
+//     these events, so an acked event still in flight is one nobody will finish);
+//   - fences never go backwards;
+//   - nothing in flight after the final pass.
+// A StoreError is an acceptable answer to a fault (the caller does not ack and the redelivery
+// finishes the event); any other exception, or a wrong answer, is not.
+
+#include "support/fake_terminal.hpp"
+#include "support/pg_fault_proxy.hpp"
+#include "support/postgres.hpp"
+#include "support/slot_request.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/reconciler.hpp>
+#include <idemgate/retention.hpp>
+#include <idemgate/store/postgres.hpp>
+
+#include <cxxabi.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <typeinfo>
+#include <vector>
+
+namespace idemgate {
+// Statuses by name in failure messages.
+inline void PrintTo(Status status, std::ostream* out) {
+  *out << to_string(status);
+}
+inline void PrintTo(RecordStatus status, std::ostream* out) {
+  *out << to_string(status);
+}
+}  // namespace idemgate
+
+using idemgate::BatchMessage;
+using idemgate::Gate;
+using idemgate::Key;
+using idemgate::PostgresStore;
+using idemgate::Reconciler;
+using idemgate::RecordStatus;
+using idemgate::Status;
+using idemgate::StoreError;
+using idemgate::test::FakeTerminal;
+using idemgate::test::Fault;
+using idemgate::test::pg_count;
+using idemgate::test::pg_exec;
+using idemgate::test::PgFaultProxy;
+using idemgate::test::SlotRequest;
+namespace pq = idemgate::detail::pq;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// The business write: one booking per event; counts how often it ran (committed or not).
+struct BookingWriter {
+  std::string table;
+  std::atomic<int>* runs;
+  void operator()(pqxx::work& tx, const Key& key, const SlotRequest& r,
+                  const std::string& slot) const {
+    runs->fetch_add(1);
+    pq::exec_params(
+        tx,
+        "INSERT INTO " + table + " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)",
+        r.container, slot, pq::bytea_param(key.view()));
+  }
+};
+
+using KeyedGate = Gate<PostgresStore, FakeTerminal<>, BookingWriter>;
+using UnkeyedGate = Gate<PostgresStore, FakeTerminal<false>, BookingWriter>;
+
+/// Every store operation a wire fault is injected into.
+enum class Operation {
+  reserve,
+  take_over,
+  commit,
+  fail,
+  release,
+  escalate,
+  take_stale,
+  reserve_batch,
+  commit_batch,
+  purge,
+  resolve,
+};
+
+/// What the wire does to the operation's statement.
+enum class Wire { lost_reply, cut, delay };
+
+/// Where an event must stand at the end.
+enum class Final { committed, failed, escalated, purged_with_booking, purged_without_booking };
+
+std::string type_name(const std::exception& e) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
+  std::string text = status == 0 && name != nullptr ? name : typeid(e).name();
+  std::free(name);
+  return text;
+}
+
+class WireFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    uri_ = idemgate::test::pg_uri();
+    ASSERT_FALSE(uri_.empty());
+    log_ = idemgate::test::unique_table("wlog");
+    bookings_ = idemgate::test::unique_table("wbook");
+    pg_exec("DROP TABLE IF EXISTS " + log_ + ", " + log_ + "_mismatches, " + bookings_);
+    pg_exec("CREATE TABLE " + bookings_ +
+            " (id bigserial PRIMARY KEY, container text NOT NULL, slot_id text NOT NULL,"
+            " source_event bytea NOT NULL)");
+    direct_ = std::make_unique<PostgresStore>(uri_, idemgate::PostgresOptions{.table = log_});
+    direct_->migrate();
+    proxy_ = std::make_unique<PgFaultProxy>(uri_);
+  }
+
+  void TearDown() override {
+    proxy_.reset();
+    direct_.reset();
+    if (!uri_.empty())
+      pg_exec("DROP TABLE IF EXISTS " + log_ + ", " + log_ + "_mismatches, " + bookings_);
+  }
+
+  // --- building blocks -----------------------------------------------------------------------
+
+  /// A store whose every statement goes through the proxy.
+  std::unique_ptr<PostgresStore> proxied_store(std::size_t pool_size = 1) {
+    return std::make_unique<PostgresStore>(
+        proxy_->uri(),
+        idemgate::PostgresOptions{.table = log_, .pool_size = pool_size, .checkout_timeout = 10s});
+  }
+
+  BookingWriter writer() { return {bookings_, &business_writes_}; }
+
+  KeyedGate gate_on(PostgresStore& store, std::chrono::milliseconds lease = 1s) {
+    return KeyedGate(store, terminal_, writer(), {.lease = lease});
+  }
+
+  UnkeyedGate unkeyed_gate_on(PostgresStore& store) {
+    return UnkeyedGate(store, unkeyed_terminal_, writer(), {.lease = 1s});
+  }
+
+  static Key key_of(int n) { return idemgate::derive_key("wire", std::to_string(n)); }
+  static SlotRequest request_of(int n) { return {"MSKU700" + std::to_string(n), "w"}; }
+
+  std::vector<BatchMessage<SlotRequest>> batch_of(int n) {
+    std::vector<BatchMessage<SlotRequest>> messages;
+    for (int i = 1; i <= n; ++i)
+      messages.push_back({"m" + std::to_string(i), key_of(i), request_of(i)});
+    return messages;
+  }
+
+  /// An in-flight row whose worker died: reserved directly, its lease already over.
+  void seed_stranded(int n) {
+    std::string bytes;
+    idemgate::codec<SlotRequest>::encode(request_of(n), bytes);
+    const auto reservation =
+        direct_->reserve(key_of(n), idemgate::detail::sha256(bytes), bytes, 1ms);
+    ASSERT_EQ(reservation.kind, idemgate::Reservation::Kind::acquired);
+    std::this_thread::sleep_for(20ms);
+  }
+
+  /// Breaks the wire at `statement` the way this test's mode says.
+  void inject(const std::string& statement) {
+    switch (wire_) {
+      case Wire::lost_reply:
+        proxy_->arm(Fault::lose_reply, statement);
+        break;
+      case Wire::cut:
+        proxy_->arm(Fault::cut, statement);
+        break;
+      case Wire::delay:
+        // 100 ms each way: 200 ms per round trip.
+        proxy_->delay(100ms);
+        break;
+    }
+  }
+
+  /// The fault did happen (or the delay held messages); the delay ends here.
+  void expect_wire_was_broken() {
+    check_fences("at the fault");
+    if (wire_ == Wire::delay) {
+      EXPECT_GT(proxy_->delayed_messages(), 0u);
+      proxy_->delay(0ms);
+      return;
+    }
+    EXPECT_TRUE(proxy_->wait_fired(5s)) << "the fault never met its statement";
+  }
+
+  /// Runs one call; an answer, or nothing after a StoreError (acceptable under a fault, not under
+  /// a delay). Any other exception fails the test.
+  template <class Call>
+  auto attempt(const char* what, Call&& call) -> std::optional<decltype(call())> {
+    try {
+      return call();
+    } catch (const StoreError& e) {
+      if (wire_ == Wire::delay) ADD_FAILURE() << what << " failed under a mere delay: " << e.what();
+      return std::nullopt;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << " threw " << type_name(e) << " (" << e.what()
+                    << ") instead of answering or throwing idemgate::StoreError";
+      return std::nullopt;
+    }
+  }
+
+  /// An acked answer only for an event that is finished: in these tests no other worker holds
+  /// any event, so an acked event left in flight is one that nobody will finish.
+  template <class Result>
+  void expect_ack_only_if_finished(const Key& key, const Result& result) {
+    if (!result.should_ack()) return;
+    const auto row = direct_->find(key);
+    ASSERT_TRUE(row.has_value()) << "acked an event the store does not hold";
+    EXPECT_NE(row->status, RecordStatus::in_flight)
+        << "the gate answered '" << idemgate::to_string(result.status())
+        << "', which acks the message, while the event is in flight and nobody is working on it ("
+        << result.reason() << ")";
+  }
+
+  void expect_final(int n, Final final) { finals_[key_of(n)] = final; }
+
+  /// Fences read now are at least the ones read before.
+  void check_fences(const char* stage) {
+    const pqxx::result rows = pg_exec("SELECT encode(key, 'hex'), fence FROM " + log_);
+    for (const pqxx::row& row : rows) {
+      const std::string key = row[0].c_str();
+      const std::int64_t fence = pq::int_field(row[1]);
+      auto [it, fresh] = fences_.try_emplace(key, fence);
+      if (!fresh) {
+        EXPECT_GE(fence, it->second) << "the fence of " << key << " went backwards " << stage;
+        it->second = fence;
+      }
+    }
+  }
+
+  bool lease_over(int n) {
+    return pg_count("SELECT count(*) FROM " + log_ + " WHERE key = decode('" + key_of(n).hex() +
+                    "', 'hex') AND lease_until < now()") == 1;
+  }
+
+  std::int64_t bookings_of(const Key& key) {
+    return pg_count("SELECT count(*) FROM " + bookings_ + " WHERE source_event = decode('" +
+                    key.hex() + "', 'hex')");
+  }
+
+  /// Finishes what is left in flight with reconciler passes on a direct connection (waiting for
+  /// leases to run out), then checks every invariant.
+  void finish_and_check() {
+    proxy_->delay(0ms);
+    proxy_->heal();
+    check_fences("during the operation");
+    KeyedGate gate(*direct_, terminal_, writer(), {.lease = 5s});
+    Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 100}};
+    const std::string in_flight = "FROM " + log_ + " WHERE status = 'in_flight'";
+    for (int pass = 0; pass < 5 && pg_count("SELECT count(*) " + in_flight) > 0; ++pass) {
+      const std::int64_t wait_ms = pg_count(
+          "SELECT coalesce(ceil(extract(epoch FROM max(lease_until) - now()) * 1000), 0)::bigint " +
+          in_flight);
+      if (wait_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms + 20));
+      const auto report = reconciler.run_once();
+      EXPECT_EQ(report.errors, 0u) << report.first_error;
+    }
+    check_fences("in the final reconciler pass");
+
+    EXPECT_EQ(pg_count("SELECT count(*) " + in_flight), 0) << "in flight after the final pass";
+    std::int64_t booked = 0;
+    for (const auto& [key, final] : finals_) {
+      const auto row = direct_->find(key);
+      const bool purged =
+          final == Final::purged_with_booking || final == Final::purged_without_booking;
+      const bool committed = final == Final::committed || final == Final::purged_with_booking;
+      if (purged) {
+        EXPECT_FALSE(row.has_value()) << "a finished row past the window was kept";
+      } else if (row) {
+        const RecordStatus want = final == Final::committed ? RecordStatus::committed
+                                  : final == Final::failed  ? RecordStatus::failed
+                                                            : RecordStatus::escalated;
+        EXPECT_EQ(row->status, want)
+            << "event " << key.hex() << " ends " << idemgate::to_string(row->status);
+      } else {
+        ADD_FAILURE() << "event " << key.hex() << " is missing from the log";
+      }
+      EXPECT_EQ(bookings_of(key), committed ? 1 : 0)
+          << "business rows of event " << key.hex() << ": one if committed, else none";
+      booked += committed ? 1 : 0;
+    }
+    EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings_), booked)
+        << "a business row for an event not committed";
+    EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings_ + " b JOIN " + log_ +
+                       " l ON l.key = b.source_event WHERE l.result <> convert_to(b.slot_id, "
+                       "'UTF8')"),
+              0)
+        << "the booked slot is the stored outcome";
+  }
+
+  // --- one scenario per operation ------------------------------------------------------------
+
+  void reserve() {
+    auto store = proxied_store();
+    auto gate = gate_on(*store);
+    expect_final(1, Final::committed);
+    inject("idemgate_reserve");
+    const auto result =
+        attempt("Gate::process", [&] { return gate.process(key_of(1), request_of(1)); });
+    expect_wire_was_broken();
+    if (!result) return;
+    EXPECT_EQ(result->status(), Status::processed)
+        << "the caller holds the reservation it made; it must carry on (" << result->reason()
+        << ")";
+    expect_ack_only_if_finished(key_of(1), *result);
+  }
+
+  void take_over() {
+    seed_stranded(1);
+    check_fences("after the seed");
+    auto store = proxied_store();
+    auto gate = gate_on(*store);
+    expect_final(1, Final::committed);
+    inject("idemgate_take_over");
+    const auto result =
+        attempt("Gate::process", [&] { return gate.process(key_of(1), request_of(1)); });
+    expect_wire_was_broken();
+    if (!result) return;
+    EXPECT_EQ(result->status(), Status::processed)
+        << "the caller took the expired lease over; it must carry on (" << result->reason() << ")";
+    EXPECT_TRUE(result->took_over());
+    expect_ack_only_if_finished(key_of(1), *result);
+  }
+
+  void commit() {
+    auto store = proxied_store();
+    auto gate = gate_on(*store);
+    expect_final(1, Final::committed);
+    inject("COMMIT");
+    const auto result =
+        attempt("Gate::process", [&] { return gate.process(key_of(1), request_of(1)); });
+    expect_wire_was_broken();
+    if (!result) return;
+    EXPECT_EQ(result->status(), Status::processed) << result->reason();
+    expect_ack_only_if_finished(key_of(1), *result);
+    if (wire_ != Wire::cut) {
+      EXPECT_EQ(business_writes_.load(), 1)
+          << "the business write ran again after the transaction holding it had committed";
+    }
+  }
+
+  void fail() {
+    terminal_.before = [](const SlotRequest&,
+                          const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+      return idemgate::PermanentFailure{"unknown container"};
+    };
+    auto store = proxied_store();
+    auto gate = gate_on(*store);
+    expect_final(1, Final::failed);
+    inject("idemgate_fail");
+    const auto result =
+        attempt("Gate::process", [&] { return gate.process(key_of(1), request_of(1)); });
+    expect_wire_was_broken();
+    if (!result) return;
+    EXPECT_EQ(result->status(), Status::failed) << result->reason();
+    expect_ack_only_if_finished(key_of(1), *result);
+  }
+
+  void release() {
+    terminal_.before = [this](const SlotRequest&,
+                              const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+      if (first_claim_.exchange(false)) return idemgate::TransientFailure{"503"};
+      return std::nullopt;
+    };
+    auto store = proxied_store();
+    auto gate = gate_on(*store, 5s);
+    expect_final(1, Final::committed);
+    inject("idemgate_release");
+    const auto result =
+        attempt("Gate::process", [&] { return gate.process(key_of(1), request_of(1)); });
+    expect_wire_was_broken();
+    if (result) {
+      EXPECT_EQ(result->status(), Status::retry) << result->reason();
+      EXPECT_TRUE(lease_over(1)) << "the lease was not ended: the redelivery would wait for it";
+    }
+    const auto again =
+        attempt("the redelivery", [&] { return gate.process(key_of(1), request_of(1)); });
+    if (!again) return;
+    EXPECT_EQ(again->status(), Status::processed) << again->reason();
+    EXPECT_TRUE(again->took_over());
+    expect_ack_only_if_finished(key_of(1), *again);
+  }
+
+  void escalate() {
+    auto store = proxied_store();
+    auto gate = unkeyed_gate_on(*store);
+    expect_final(1, Final::escalated);
+    inject("idemgate_escalate");
+    const auto result =
+        attempt("Gate::process", [&] { return gate.process(key_of(1), request_of(1)); });
+    expect_wire_was_broken();
+    if (!result) return;
+    EXPECT_EQ(result->status(), Status::escalated) << result->reason();
+    expect_ack_only_if_finished(key_of(1), *result);
+  }
+
+  void take_stale() {
+    seed_stranded(1);
+    check_fences("after the seed");
+    auto store = proxied_store();
+    auto gate = gate_on(*store);
+    Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 10}};
+    expect_final(1, Final::committed);
+    inject("idemgate_take_stale");
+    const auto report = attempt("Reconciler::run_once", [&] { return reconciler.run_once(); });
+    expect_wire_was_broken();
+    if (!report) return;
+    EXPECT_EQ(report->taken, 1u)
+        << "the pass moved the row's fence and lease but does not know it took the row";
+    EXPECT_EQ(report->reclaimed, 1u);
+    EXPECT_EQ(report->errors, 0u) << report->first_error;
+    const auto row = direct_->find(key_of(1));
+    ASSERT_TRUE(row.has_value());
+    EXPECT_EQ(row->status, RecordStatus::committed) << "the pass left the stranded row unfinished";
+    if (row->status == RecordStatus::in_flight) {
+      EXPECT_TRUE(lease_over(1)) << "the row is held under a live lease by no one";
+    }
+  }
+
+  void reserve_batch() {
+    auto store = proxied_store();
+    auto gate = gate_on(*store);
+    for (int i = 1; i <= 3; ++i) expect_final(i, Final::committed);
+    const auto messages = batch_of(3);
+    inject("idemgate_reserve_batch");
+    const auto batch = attempt("Gate::process_batch", [&] { return gate.process_batch(messages); });
+    expect_wire_was_broken();
+    if (!batch) return;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto& result = batch->items()[i].result;
+      EXPECT_EQ(result.status(), Status::processed)
+          << "message " << i << ": the caller holds the reservations it made (" << result.reason()
+          << ")";
+      expect_ack_only_if_finished(messages[i].key, result);
+    }
+  }
+
+  void commit_batch() {
+    auto store = proxied_store();
+    auto gate = gate_on(*store);
+    for (int i = 1; i <= 3; ++i) expect_final(i, Final::committed);
+    const auto messages = batch_of(3);
+    inject("COMMIT");
+    const auto batch = attempt("Gate::process_batch", [&] { return gate.process_batch(messages); });
+    expect_wire_was_broken();
+    if (!batch) return;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto& result = batch->items()[i].result;
+      EXPECT_EQ(result.status(), Status::processed) << "message " << i << ": " << result.reason();
+      expect_ack_only_if_finished(messages[i].key, result);
+    }
+    if (wire_ != Wire::cut) {
+      EXPECT_EQ(business_writes_.load(), 3)
+          << "the business writes ran again after the transaction holding them had committed";
+    }
+  }
+
+  void purge() {
+    // Two committed events, one failed, one escalated, all finished an hour ago.
+    terminal_.before = [](const SlotRequest& r,
+                          const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+      if (r == request_of(4)) return idemgate::PermanentFailure{"unknown container"};
+      return std::nullopt;
+    };
+    {
+      auto seeding = gate_on(*direct_);
+      for (int n : {1, 2, 4}) (void)seeding.process(key_of(n), request_of(n));
+      auto parking = unkeyed_gate_on(*direct_);
+      (void)parking.process(key_of(3), request_of(3));
+    }
+    pg_exec("UPDATE " + log_ +
+            " SET created_at = now() - interval '1 hour', updated_at = now() - interval '1 hour'");
+    expect_final(1, Final::purged_with_booking);
+    expect_final(2, Final::purged_with_booking);
+    expect_final(3, Final::escalated);
+    expect_final(4, Final::purged_without_booking);
+    auto store = proxied_store();
+    idemgate::Retention retention{*store, {.keep = 1min, .batch = 100}};
+    inject("idemgate_purge");
+    const auto deleted = attempt("Retention::run_once", [&] { return retention.run_once(); });
+    expect_wire_was_broken();
+    // After a lost reply the retry finds nothing left to delete, so the count may fall short.
+    if (deleted && wire_ != Wire::lost_reply) {
+      EXPECT_EQ(*deleted, 3u);
+    }
+  }
+
+  void resolve() {
+    {
+      auto parking = unkeyed_gate_on(*direct_);
+      ASSERT_EQ(parking.process(key_of(1), request_of(1)).status(), Status::escalated);
+    }
+    auto store = proxied_store();
+    auto gate = unkeyed_gate_on(*store);
+    expect_final(1, Final::committed);
+    inject("COMMIT");
+    const auto resolved = attempt(
+        "Gate::resolve", [&] { return gate.resolve(key_of(1), std::string("slot-manual")); });
+    expect_wire_was_broken();
+    if (resolved) {
+      EXPECT_TRUE(*resolved) << "the resolution committed but was reported as not done";
+    }
+    if (wire_ != Wire::cut) {
+      EXPECT_EQ(business_writes_.load(), 1)
+          << "the business write ran again after the transaction holding it had committed";
+    }
+    if (!resolved.value_or(false)) {
+      // The operator, told nothing or an error, resolves again with the same outcome.
+      (void)attempt("the repeated Gate::resolve",
+                    [&] { return gate.resolve(key_of(1), std::string("slot-manual")); });
+    }
+    EXPECT_FALSE(gate.resolve(key_of(1), std::string("slot-other"))) << "resolved twice";
+  }
+
+  void run(Operation operation, Wire wire) {
+    wire_ = wire;
+    switch (operation) {
+      case Operation::reserve:
+        reserve();
+        break;
+      case Operation::take_over:
+        take_over();
+        break;
+      case Operation::commit:
+        commit();
+        break;
+      case Operation::fail:
+        fail();
+        break;
+      case Operation::release:
+        release();
+        break;
+      case Operation::escalate:
+        escalate();
+        break;
+      case Operation::take_stale:
+        take_stale();
+        break;
+      case Operation::reserve_batch:
+        reserve_batch();
+        break;
+      case Operation::commit_batch:
+        commit_batch();
+        break;
+      case Operation::purge:
+        purge();
+        break;
+      case Operation::resolve:
+        resolve();
+        break;
+    }
+    finish_and_check();
+  }
+
+  std::string uri_, log_, bookings_;
+  std::unique_ptr<PostgresStore> direct_;
+  std::unique_ptr<PgFaultProxy> proxy_;
+  FakeTerminal<> terminal_;
+  FakeTerminal<false> unkeyed_terminal_;
+  std::atomic<int> business_writes_{0};
+  std::atomic<bool> first_claim_{true};
+  Wire wire_ = Wire::delay;
+  std::map<Key, Final> finals_;
+  std::map<std::string, std::int64_t> fences_;
+};
+
+constexpr std::array<const char*, 11> operation_names = {
+    "reserve",    "take_over",     "commit",       "fail",  "release", "escalate",
+    "take_stale", "reserve_batch", "commit_batch", "purge", "resolve"};
+
+void PrintTo(Operation operation, std::ostream* out) {
+  *out << operation_names[static_cast<std::size_t>(operation)];
+}
+
+class EveryOperation : public WireFaultTest, public ::testing::WithParamInterface<Operation> {};
+
+}  // namespace
+
+TEST_P(EveryOperation, LostReplyKeepsEveryInvariant) {
+  run(GetParam(), Wire::lost_reply);
+}
+
+TEST_P(EveryOperation, CutMidStatementKeepsEveryInvariant) {
+  run(GetParam(), Wire::cut);
+}
+
+TEST_P(EveryOperation, DelayOf200MsPerRoundTripChangesNothing) {
+  run(GetParam(), Wire::delay);
+}
+
+INSTANTIATE_TEST_SUITE_P(Store, EveryOperation,
+                         ::testing::Values(Operation::reserve, Operation::take_over,
+                                           Operation::commit, Operation::fail, Operation::release,
+                                           Operation::escalate, Operation::take_stale,
+                                           Operation::reserve_batch, Operation::commit_batch,
+                                           Operation::purge, Operation::resolve),
+                         [](const ::testing::TestParamInfo<Operation>& tested) {
+                           return std::string(
+                               operation_names[static_cast<std::size_t>(tested.param)]);
+                         });
+
+TEST_F(WireFaultTest, BatchWhoseCommitGivesUpReleasesItsReservationsForTheRedelivery) {
+  wire_ = Wire::cut;
+  auto store = proxied_store();
+  auto gate = gate_on(*store, 3s);
+  for (int i = 1; i <= 3; ++i) expect_final(i, Final::committed);
+  const auto messages = batch_of(3);
+  // The batch's fenced update is cut on the first connection and on the retry's: the store gives
+  // up on the batch.
+  proxy_->arm(Fault::cut, "idemgate_commit_batch");
+  proxy_->arm(Fault::cut, "idemgate_commit_batch");
+  const auto batch = attempt("Gate::process_batch", [&] { return gate.process_batch(messages); });
+  EXPECT_TRUE(proxy_->wait_fired(5s));
+  if (batch) {
+    EXPECT_EQ(batch->retry_ids().size(), 3u) << "nothing was committed: ack nothing";
+  }
+  // The redelivery comes at once, well within the 3 s lease.
+  const auto again = attempt("the redelivery", [&] { return gate.process_batch(messages); });
+  ASSERT_TRUE(again.has_value());
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto& result = again->items()[i].result;
+    EXPECT_EQ(result.status(), Status::processed)
+        << "message " << i << ": the failed batch left its reservation under a live lease ("
+        << result.reason() << ")";
+    expect_ack_only_if_finished(messages[i].key, result);
+  }
+  finish_and_check();
+}
+
+TEST_F(WireFaultTest, BlackholedServerMakesOpeningTheStoreGiveUpWithStoreError) {
+  proxy_->blackhole(1h);
+  // The store has no timeout of its own; libpq's connect_timeout (2 s at least) ends the wait.
+  EXPECT_THROW(
+      PostgresStore(proxy_->uri() + "&connect_timeout=2", idemgate::PostgresOptions{.table = log_}),
+      StoreError);
+  proxy_->heal();
+  PostgresStore store(proxy_->uri() + "&connect_timeout=2",
+                      idemgate::PostgresOptions{.table = log_});
+  EXPECT_FALSE(store.find(key_of(1)).has_value()) << "the store works once the network is back";
+}
