@@ -623,10 +623,9 @@ TEST_F(WireFaultTest, BatchWhoseCommitGivesUpReleasesItsReservationsForTheRedeli
   auto gate = gate_on(*store, 3s);
   for (int i = 1; i <= 3; ++i) expect_final(i, Final::committed);
   const auto messages = batch_of(3);
-  // The batch's fenced update is cut on the first connection and on the retry's: the store gives
-  // up on the batch.
-  proxy_->arm(Fault::cut, "idemgate_commit_batch");
-  proxy_->arm(Fault::cut, "idemgate_commit_batch");
+  // The batch's COMMIT is cut on every attempt the store makes (three by default): the store
+  // finds that nothing landed each time, and gives up on the batch with StoreError.
+  for (int attempt = 0; attempt < 3; ++attempt) proxy_->arm(Fault::cut, "COMMIT");
   const auto batch = attempt("Gate::process_batch", [&] { return gate.process_batch(messages); });
   EXPECT_TRUE(proxy_->wait_fired(5s));
   if (batch) {
