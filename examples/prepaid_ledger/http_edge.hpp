@@ -624,7 +624,11 @@ class EdgeServer : public httplib::Server {
       const auto wait =
           std::max<std::int64_t>(0, idemgate::detail::saturating_millis(next - now) + 1);
       const int ready = ::poll(polled.data(), polled.size(), static_cast<int>(wait));
-      if (ready < 0 && errno != EINTR) continue;
+      if (ready < 0 && errno != EINTR) {
+        // Out of resources for a moment: try again shortly instead of spinning.
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
       char drain[64];
       while (::read(wake_[0], drain, sizeof drain) > 0) {
       }
