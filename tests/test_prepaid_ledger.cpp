@@ -36,6 +36,9 @@ namespace {
 namespace json = example::json;
 
 constexpr const char* secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+// What the admin views answer to; every server these tests start gets it from the environment.
+constexpr const char* admin_token = "test-admin-token-5f1c9a0e27b4";
+constexpr const char* admin_token_variable = "PREPAID_LEDGER_ADMIN_TOKEN";
 
 std::int64_t now_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -102,7 +105,7 @@ class Sender {
 
   /// `GET /accounts/{account}`: the parsed account, or nullopt on 404.
   std::optional<json::Value> account(const std::string& account) {
-    const auto res = client_.Get(("/accounts/" + account).c_str());
+    const auto res = client_.Get(("/accounts/" + account).c_str(), admin_headers());
     if (!res) {
       ADD_FAILURE() << "GET /accounts/" << account << " got no answer";
       return std::nullopt;
@@ -116,7 +119,7 @@ class Sender {
 
   /// `GET /stats`: the server's answer counters.
   json::Value stats() {
-    const auto res = client_.Get("/stats");
+    const auto res = client_.Get("/stats", admin_headers());
     if (!res || res->status != 200) {
       ADD_FAILURE() << "GET /stats failed";
       return {};
@@ -127,7 +130,21 @@ class Sender {
   /// The signer (same secret as the server).
   const idemgate::StandardWebhookVerifier& signer() const { return signer_; }
 
+  /// A GET with exactly these headers: the status and the body.
+  std::pair<int, std::string> get(const std::string& path, const httplib::Headers& headers) {
+    const auto res = client_.Get(path.c_str(), headers);
+    if (!res) return {0, "no answer: " + httplib::to_string(res.error())};
+    return {res->status,
+            res->body + (res->has_header("WWW-Authenticate")
+                             ? " WWW-Authenticate: " + res->get_header_value("WWW-Authenticate")
+                             : std::string())};
+  }
+
  private:
+  static httplib::Headers admin_headers() {
+    return {{"Authorization", std::string("Bearer ") + admin_token}};
+  }
+
   httplib::Client client_;
   idemgate::StandardWebhookVerifier signer_;
 };
@@ -221,6 +238,7 @@ std::string scratch_directory() {
 class PrepaidLedgerTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
+    setenv(admin_token_variable, admin_token, 1);
     if (GetParam() == Backend::sqlite) {
       directory_ = scratch_directory();
       ASSERT_FALSE(directory_.empty());
@@ -651,6 +669,47 @@ TEST_P(PrepaidLedgerTest, TenThousandEventsWithThirtyPercentReplaysDebitEachMess
               static_cast<long long>(stats.integer("waited_in_flight").value_or(-1)));
 }
 
+// --- the signed edge and the admin views -------------------------------------------------------
+
+// cpp-httplib percent-decodes header values; the example verifies and keys the bytes sent.
+TEST_P(PrepaidLedgerTest, WebhookIdIsVerifiedAndKeyedAsTheBytesSentNotPercentDecoded) {
+  Sender sender(start().port());
+  const Answer escaped = sender.deliver("evt%5Fone", sent("acc_1", "m_1", 5));
+  EXPECT_EQ(escaped.http, 200);
+  EXPECT_EQ(escaped.word, "accepted");
+  EXPECT_EQ(sender.deliver("evt%5Fone", sent("acc_1", "m_1", 5)).word, "duplicate");
+  // Two ids that decode alike are two events, each with its own message.
+  EXPECT_EQ(sender.deliver("evt_a%41", sent("acc_1", "m_2", 5)).word, "accepted");
+  EXPECT_EQ(sender.deliver("evt_aA", sent("acc_1", "m_3", 5)).word, "accepted");
+  EXPECT_EQ(sender.deliver("evt_aA", sent("acc_1", "m_3", 5)).word, "duplicate");
+
+  const Ledger account = ledger(sender, "acc_1");
+  EXPECT_EQ(account.balance, 2000 - 3 * 5);
+  EXPECT_EQ(account.events.size(), 3u);
+  for (const std::string id : {"evt%5Fone", "evt_a%41", "evt_aA"})
+    EXPECT_NE(account.event(id), nullptr) << id;
+}
+
+TEST_P(PrepaidLedgerTest, AdminViewsAnswerOnlyWithTheBearerToken) {
+  Sender sender(start().port());
+  ASSERT_EQ(sender.deliver("evt_1", sent("acc_1", "m_1", 5)).word, "accepted");
+  for (const std::string path : {"/accounts/acc_1", "/stats"}) {
+    const auto [missing_status, missing_body] = sender.get(path, {});
+    EXPECT_EQ(missing_status, 401) << path;
+    EXPECT_NE(missing_body.find("unauthorized"), std::string::npos) << missing_body;
+    EXPECT_NE(missing_body.find("WWW-Authenticate: Bearer"), std::string::npos) << missing_body;
+    EXPECT_EQ(sender.get(path, {{"Authorization", "Bearer wrong-token-of-some-length"}}).first, 401)
+        << path;
+    EXPECT_EQ(sender.get(path, {{"Authorization", admin_token}}).first, 401) << path;
+    EXPECT_EQ(sender.get(path, {{"Authorization", std::string("Basic ") + admin_token}}).first, 401)
+        << path;
+    EXPECT_EQ(sender.get(path, {{"Authorization", std::string("Bearer ") + admin_token}}).first,
+              200)
+        << path;
+  }
+  EXPECT_EQ(ledger(sender, "acc_1").balance, 1995);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, PrepaidLedgerTest,
                          ::testing::Values(Backend::sqlite, Backend::postgres), backend_name);
 
@@ -660,6 +719,29 @@ int exit_code(std::vector<std::string> args) {
   args.insert(args.begin(), PREPAID_LEDGER_PATH);
   idemgate::test::ChildProcess child(args);
   return child.wait();
+}
+
+TEST(PrepaidLedgerCommandLine, AdminViewsDoNotExistWithoutAnAdminToken) {
+  unsetenv(admin_token_variable);
+  const std::string directory = scratch_directory();
+  ASSERT_FALSE(directory.empty());
+  LedgerProcess server(
+      {"--port", "0", "--secret", secret, "--store", "sqlite:" + directory + "/ledger.db"});
+  Sender sender(server.port());
+  ASSERT_EQ(sender.deliver("evt_1", sent("acc_1", "m_1", 5)).word, "accepted");
+  for (const std::string path : {"/accounts/acc_1", "/stats"}) {
+    EXPECT_EQ(sender.get(path, {}).first, 404) << path;
+    EXPECT_EQ(sender.get(path, {{"Authorization", std::string("Bearer ") + admin_token}}).first,
+              404)
+        << path;
+  }
+  std::filesystem::remove_all(directory);
+}
+
+TEST(PrepaidLedgerCommandLine, ShortAdminTokenIsRefusedAtStartup) {
+  setenv(admin_token_variable, "short", 1);
+  EXPECT_EQ(exit_code({"--port", "0", "--secret", secret}), 2);
+  setenv(admin_token_variable, admin_token, 1);
 }
 
 TEST(PrepaidLedgerCommandLine, BadArgumentsExitNonZeroWithoutServing) {

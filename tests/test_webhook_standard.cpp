@@ -75,7 +75,8 @@ TEST(StandardWebhook, SecretWithoutPrefixVerifies) {
 
 TEST(StandardWebhook, RotatedSecretsPassWhenAnyV1SignatureMatches) {
   const std::string wrong = idemgate::sign_standard_webhook(
-      "whsec_" + idemgate::detail::base64_encode("another key"), id, signed_at, body);
+      "whsec_" + idemgate::detail::base64_encode("another key of thirty-two bytes!"), id, signed_at,
+      body);
   ASSERT_NE(wrong, signature);
   const StandardWebhookVerifier verifier = verifier_at(signed_at);
   EXPECT_TRUE(verifier.verify(id, timestamp, wrong + " " + std::string(signature), body).ok());
@@ -264,8 +265,9 @@ TEST(StandardWebhook, SignatureIsBoundToIdAndTimestamp) {
 }
 
 TEST(StandardWebhook, WrongSecretIsBadSignature) {
-  const StandardWebhookVerifier verifier("whsec_" + idemgate::detail::base64_encode("not it"),
-                                         clock_at(signed_at));
+  const StandardWebhookVerifier verifier(
+      "whsec_" + idemgate::detail::base64_encode("not it, but twenty-four bytes"),
+      clock_at(signed_at));
   const WebhookVerification result = verifier.verify(id, timestamp, signature, body);
   EXPECT_EQ(rejection_of(result), WebhookRejection::bad_signature);
   EXPECT_NE(result.message().find("raw body"), std::string::npos) << result.message();
@@ -363,6 +365,64 @@ TEST(StandardWebhook, UnusableSecretIsRefusedAtConstructionWithoutEchoingIt) {
         EXPECT_EQ(message.find(unusable.substr(6)), std::string::npos) << message;
       }
     }
+  }
+}
+
+// The specification: "Random. At least 24 bytes (192 bits)", counted after decoding.
+TEST(StandardWebhook, SecretShorterThanTwentyFourBytesIsRefusedAtConstruction) {
+  for (const std::size_t bytes : {std::size_t{1}, std::size_t{16}, std::size_t{23}}) {
+    const std::string short_secret =
+        "whsec_" + idemgate::detail::base64_encode(std::string(bytes, static_cast<char>(0xa5)));
+    try {
+      const StandardWebhookVerifier verifier(short_secret);
+      ADD_FAILURE() << "accepted a secret of " << bytes << " bytes";
+    } catch (const std::invalid_argument& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("decodes to " + std::to_string(bytes) + " bytes"), std::string::npos)
+          << message;
+      EXPECT_NE(message.find("24 bytes"), std::string::npos) << message;
+    }
+    EXPECT_EQ(rejection_of(idemgate::verify_standard_webhook(short_secret, id, timestamp, signature,
+                                                             body, clock_at(signed_at))),
+              WebhookRejection::unusable_secret);
+    EXPECT_THROW((void)idemgate::sign_standard_webhook(short_secret, id, signed_at, body),
+                 std::invalid_argument);
+  }
+  // 24 bytes is the bound itself, and longer keys pass.
+  for (const std::size_t bytes : {std::size_t{24}, std::size_t{32}, std::size_t{64}}) {
+    const std::string key(bytes, static_cast<char>(0x5a));
+    EXPECT_NO_THROW(StandardWebhookVerifier("whsec_" + idemgate::detail::base64_encode(key)))
+        << bytes;
+  }
+}
+
+TEST(StandardWebhook, SecretThatDoesNotDecodeExactlyIsRefusedAtConstruction) {
+  const std::string whole =
+      "whsec_" + idemgate::detail::base64_encode("a thirty-two byte endpoint key!!");
+  ASSERT_EQ(whole.size(), 6u + 44u);
+  ASSERT_EQ(whole.back(), '=');
+  ASSERT_NO_THROW(StandardWebhookVerifier{whole});
+  const std::string published(secret);
+  const std::vector<std::string> inexact = {
+      whole.substr(0, whole.size() - 1),          // the padding was cut off
+      whole.substr(0, whole.size() - 2),          // and a digit with it
+      published.substr(0, published.size() - 1),  // a character lost from an unpadded secret
+      published + "A",                            // or one added
+      whole.substr(0, whole.size() - 2) + "B=",   // unused bits set: not how it was encoded
+  };
+  for (const std::string& text : inexact) {
+    try {
+      const StandardWebhookVerifier verifier(text);
+      ADD_FAILURE() << "accepted the secret \"" << text << "\"";
+    } catch (const std::invalid_argument& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("does not decode exactly"), std::string::npos) << message;
+      EXPECT_EQ(message.find(text.substr(6)), std::string::npos) << message;
+    }
+    EXPECT_FALSE(idemgate::detail::decode_standard_secret(text).has_value()) << text;
+    EXPECT_EQ(rejection_of(idemgate::verify_standard_webhook(text, id, timestamp, signature, body,
+                                                             clock_at(signed_at))),
+              WebhookRejection::unusable_secret);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <optional>
@@ -31,10 +32,13 @@ constexpr const char* usage =
     "postgresql://...]\n"
     "                      [--initial-balance-cents N] [--lease-ms N] [--reconcile-interval-ms N]\n"
     "\n"
-    "Serves POST /webhooks (Standard Webhooks-signed message.sent / message.received events) and\n"
-    "GET /accounts/{account} on 127.0.0.1. --port 0 (the default) picks a free port; the first\n"
-    "line on stdout is \"listening on 127.0.0.1:<port>\". The default store is SQLite in a new\n"
-    "temporary directory; the default balance of a new account is 2000 cents.\n";
+    "Serves POST /webhooks (Standard Webhooks-signed message.sent / message.received events) on\n"
+    "127.0.0.1. --port 0 (the default) picks a free port; the first line on stdout is\n"
+    "\"listening on 127.0.0.1:<port>\". The default store is SQLite in a new temporary\n"
+    "directory; the default balance of a new account is 2000 cents.\n"
+    "GET /accounts/{account} and GET /stats answer only with \"Authorization: Bearer <token>\",\n"
+    "where the token (at least 16 characters) is the environment variable\n"
+    "PREPAID_LEDGER_ADMIN_TOKEN; without it they answer 404.\n";
 
 /// Thrown for a command line that cannot be used; main prints it with the usage.
 struct UsageError : std::runtime_error {
@@ -43,6 +47,7 @@ struct UsageError : std::runtime_error {
 
 struct Options {
   int port = 0;
+  std::string admin_token;
   std::string secret;
   bool has_secret = false;
   std::string store;
@@ -91,6 +96,15 @@ Options parse(int argc, char** argv) {
     }
   }
   if (!o.has_secret) throw UsageError("--secret is required (the endpoint's whsec_... secret)");
+  // From the environment, not the command line, where every local user could read it.
+  if (const char* token = std::getenv("PREPAID_LEDGER_ADMIN_TOKEN")) {
+    o.admin_token = token;
+    if (o.admin_token.size() < prepaid::min_admin_token_size)
+      throw UsageError("PREPAID_LEDGER_ADMIN_TOKEN has " + std::to_string(o.admin_token.size()) +
+                       " characters; use at least " +
+                       std::to_string(prepaid::min_admin_token_size) +
+                       " random ones (e.g. openssl rand -hex 32), or unset it");
+  }
   return o;
 }
 
@@ -105,7 +119,13 @@ template <class Ledger>
 int serve(typename Ledger::store_type& store, Ledger& ledger, const Options& o,
           const idemgate::StandardWebhookVerifier& verifier) {
   prepaid::PrepaidLedger<Ledger> service{store, ledger, o.ledger};
-  prepaid::Server<prepaid::PrepaidLedger<Ledger>> server{service, verifier};
+  prepaid::Server<prepaid::PrepaidLedger<Ledger>> server{
+      service, verifier, prepaid::ServerOptions{.edge = {}, .admin_token = o.admin_token}};
+  if (o.admin_token.empty())
+    std::fputs(
+        "prepaid_ledger: GET /accounts and /stats are off; set PREPAID_LEDGER_ADMIN_TOKEN to "
+        "serve them\n",
+        stderr);
   const int port = server.bind(o.port);
   std::printf("listening on 127.0.0.1:%d\n", port);
   std::fflush(stdout);

@@ -1,18 +1,25 @@
 #pragma once
 
-/// The ledger's HTTP face, on cpp-httplib: the signed webhook endpoint and the account view.
+/// The ledger's HTTP face, on cpp-httplib behind the edge of http_edge.hpp: the signed webhook
+/// endpoint and the admin views.
 ///
-/// `POST /webhooks` checks, in this order, and nothing touches the database before the third:
+/// Every request first passes the edge (bounded head, a required and bounded Content-Length, a
+/// deadline per request, header values exactly as sent). `POST /webhooks` then checks, in this
+/// order, and nothing touches the database before the third:
 ///   1. the Standard Webhooks signature and replay window (401 / 400),
 ///   2. the body and the event contract (400 malformed / 422 unknown_event_type),
 ///   3. the gate, keyed by `webhook-id` alone (200 accepted / duplicate, 402, 409, 503).
-/// `GET /accounts/{account}` shows the balance, the debits, the inbox and the event records;
-/// `GET /stats` counts the answers given (a duplicate ratio of zero under real traffic means the
-/// key derivation is broken; a high one means the sender misbehaves).
+/// The admin views need `Authorization: Bearer <admin token>` (401 without it; 404 when no token
+/// is configured): `GET /accounts/{account}` shows the balance, the debits, the inbox and the
+/// event records; `GET /stats` counts the answers given (a duplicate ratio of zero under real
+/// traffic means the key derivation is broken; a high one means the sender misbehaves).
 
 #include <common/json.hpp>
+#include "http_edge.hpp"
 #include "ledger.hpp"
 
+#include <idemgate/detail/hmac.hpp>
+#include <idemgate/detail/sha256.hpp>
 #include <idemgate/webhook/standard.hpp>
 
 #include <httplib.h>
@@ -27,12 +34,15 @@
 
 namespace prepaid {
 
+/// The shortest admin token accepted: long enough that guessing it is hopeless.
+inline constexpr std::size_t min_admin_token_size = 16;
+
 /// Tuning of a `Server`.
 struct ServerOptions {
-  /// Worker threads; a keep-alive connection holds one while it is open.
-  std::size_t threads = 16;
-  /// Largest webhook body accepted (httplib answers 413 beyond it).
-  std::size_t max_body_bytes = 64 * 1024;
+  /// What a request and a connection may take before a handler runs.
+  EdgeLimits edge;
+  /// The bearer token of `GET /accounts/{account}` and `GET /stats`; empty turns them off.
+  std::string admin_token;
 };
 
 /// An HTTP answer: status code and JSON body.
@@ -43,6 +53,8 @@ struct Reply {
   std::string body;
   /// Whether to ask the sender to retry shortly (`Retry-After: 1`).
   bool retry_later = false;
+  /// Whether to name the scheme the request must authenticate with (`WWW-Authenticate`).
+  bool bearer_challenge = false;
 };
 
 /// The reply for a delivery refused at the signed edge; nothing was written.
@@ -130,12 +142,19 @@ template <class Service>
 class Server {
  public:
   /// A server for `service`, verifying deliveries with `verifier`.
+  /// Throws `std::invalid_argument` for an admin token shorter than `min_admin_token_size` or
+  /// an edge bound out of range.
   Server(Service& service, const idemgate::StandardWebhookVerifier& verifier,
          ServerOptions options = {})
-      : service_(service), verifier_(verifier) {
-    http_.new_task_queue = [threads = options.threads] { return new httplib::ThreadPool(threads); };
-    http_.set_payload_max_length(options.max_body_bytes);
-    http_.set_keep_alive_max_count(100000);
+      : service_(service),
+        verifier_(verifier),
+        admin_token_(std::move(options.admin_token)),
+        http_(options.edge) {
+    if (!admin_token_.empty() && admin_token_.size() < min_admin_token_size)
+      throw std::invalid_argument("the admin token has " + std::to_string(admin_token_.size()) +
+                                  " characters; use at least " +
+                                  std::to_string(min_admin_token_size) +
+                                  " random ones (e.g. openssl rand -hex 32)");
     // Headers and body go out in separate writes: without this, Nagle's algorithm and delayed
     // ACKs hold every answer on a keep-alive connection back by about 40 ms.
     http_.set_tcp_nodelay(true);
@@ -143,10 +162,13 @@ class Server {
       send(res, webhook(req));
     });
     http_.Get(R"(/accounts/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-      send(res, account(req.matches[1].str()));
+      const std::optional<Reply> refused = admin(req);
+      send(res, refused ? *refused : account(req.matches[1].str()));
     });
-    http_.Get("/stats",
-              [this](const httplib::Request&, httplib::Response& res) { send(res, stats()); });
+    http_.Get("/stats", [this](const httplib::Request& req, httplib::Response& res) {
+      const std::optional<Reply> refused = admin(req);
+      send(res, refused ? *refused : stats());
+    });
   }
 
   /// Binds 127.0.0.1:`port` (0: an ephemeral port); the port bound. Throws when it cannot.
@@ -160,7 +182,7 @@ class Server {
   }
 
   /// Serves until `stop()`.
-  void listen() { http_.listen_after_bind(); }
+  void listen() { http_.listen(); }
 
   /// Stops serving; `listen()` returns.
   void stop() { http_.stop(); }
@@ -185,6 +207,23 @@ class Server {
     } catch (const idemgate::RequestError&) {
       return malformed();
     }
+  }
+
+  /// The refusal of an admin request, or nullopt when it carries the admin token.
+  [[nodiscard]] std::optional<Reply> admin(const httplib::Request& req) const {
+    // Without a token the admin views do not exist, for anyone.
+    if (admin_token_.empty()) return Reply{404, R"({"error":"not_found"})"};
+    constexpr std::string_view scheme = "Bearer ";
+    const std::string authorization = req.get_header_value("Authorization");
+    if (authorization.size() > scheme.size() &&
+        idemgate::detail::header_name_equal(
+            std::string_view(authorization).substr(0, scheme.size()), scheme) &&
+        // Digests of equal size, compared in constant time: the comparison says nothing about
+        // how much of a guess was right.
+        idemgate::detail::mac_equal(idemgate::detail::sha256(authorization.substr(scheme.size())),
+                                    idemgate::detail::sha256(admin_token_)))
+      return std::nullopt;
+    return Reply{401, R"({"error":"unauthorized"})", false, true};
   }
 
   /// `GET /accounts/{account}`.
@@ -218,12 +257,15 @@ class Server {
   static void send(httplib::Response& res, const Reply& reply) {
     res.status = reply.status;
     if (reply.retry_later) res.set_header("Retry-After", "1");
+    if (reply.bearer_challenge)
+      res.set_header("WWW-Authenticate", R"(Bearer realm="prepaid_ledger")");
     res.set_content(reply.body, "application/json");
   }
 
   Service& service_;
   const idemgate::StandardWebhookVerifier& verifier_;
-  httplib::Server http_;
+  std::string admin_token_;
+  EdgeServer http_;
 };
 
 }  // namespace prepaid

@@ -16,22 +16,119 @@
 
 namespace idemgate::detail {
 
-/// Hides the password of a connection string in messages.
+/// Hides every password in a libpq connection string, for messages and logs.
+///
+/// In a URI (`scheme://…`): the password of the user info (`postgresql://user:secret@host`,
+/// even when it holds a raw `@`, `/`, `:` or `?`), and the value of every `password` or
+/// `sslpassword` query parameter, whose name may be percent-encoded. In a keyword/value string:
+/// the value of every `password` or `sslpassword` keyword, plain, single-quoted or with
+/// backslash escapes, with or without spaces around `=`. Whatever follows text that libpq could
+/// not parse is hidden too, since it may be the rest of a password.
 inline std::string redact_uri(std::string uri) {
-  const auto scheme = uri.find("://");
-  if (scheme != std::string::npos) {
-    const auto at = uri.find('@', scheme + 3);
-    const auto colon = uri.find(':', scheme + 3);
-    if (at != std::string::npos && colon != std::string::npos && colon < at)
-      uri.replace(colon + 1, at - colon - 1, "***");
+  const std::string hidden = "***";
+  const auto is_secret_name = [](const std::string& name) {
+    return name == "password" || name == "sslpassword";
+  };
+  const auto is_space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+  };
+
+  const std::size_t scheme = uri.find("://");
+  const bool is_uri =
+      scheme != std::string::npos && scheme > 0 && uri.find_first_of(" \t\n\r='") > scheme;
+  if (is_uri) {
+    const std::size_t authority = scheme + 3;
+    // The user info ends at the last `@` before the query: a password may hold a raw `@`, and a
+    // raw `?` or `/` in a password comes before the first `@`. A colon followed by digits and
+    // then `/`, `?`, `,` or the end is a port, not a password (`postgresql://db:5432/x?a=b@c`).
+    const std::size_t first_at = uri.find('@', authority);
+    const std::size_t colon = uri.find(':', authority);
+    if (first_at != std::string::npos && colon < first_at) {
+      std::size_t digits_end = colon + 1;
+      while (digits_end < uri.size() && uri[digits_end] >= '0' && uri[digits_end] <= '9')
+        ++digits_end;
+      const bool is_port =
+          digits_end > colon + 1 && (digits_end == uri.size() || uri[digits_end] == '/' ||
+                                     uri[digits_end] == '?' || uri[digits_end] == ',');
+      if (!is_port) {
+        const std::size_t query = uri.find('?', first_at);
+        const std::size_t at =
+            query == std::string::npos ? uri.rfind('@') : uri.rfind('@', query - 1);
+        uri.replace(colon + 1, at - colon - 1, hidden);
+      }
+    }
+    const std::size_t host = uri.find('@', authority);
+    const std::size_t query = uri.find('?', host == std::string::npos ? authority : host);
+    if (query == std::string::npos) return uri;
+    const auto hex = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      return -1;
+    };
+    for (std::size_t begin = query + 1; begin <= uri.size();) {
+      std::size_t end = uri.find('&', begin);
+      if (end == std::string::npos) end = uri.size();
+      const std::size_t equals = uri.find('=', begin);
+      if (equals < end) {
+        std::string name;
+        for (std::size_t i = begin; i < equals; ++i) {
+          if (uri[i] == '%' && i + 2 < equals && hex(uri[i + 1]) >= 0 && hex(uri[i + 2]) >= 0) {
+            name += static_cast<char>(hex(uri[i + 1]) * 16 + hex(uri[i + 2]));
+            i += 2;
+          } else if (!is_space(uri[i])) {
+            name += uri[i];
+          }
+        }
+        if (is_secret_name(name)) {
+          uri.replace(equals + 1, end - equals - 1, hidden);
+          end = equals + 1 + hidden.size();
+        }
+      }
+      begin = end + 1;
+    }
+    return uri;
   }
-  const auto password = uri.find("password=");
-  if (password != std::string::npos) {
-    const auto end = uri.find_first_of(" &", password);
-    uri.replace(password + 9, end == std::string::npos ? std::string::npos : end - password - 9,
-                "***");
+
+  // Keyword/value: `keyword = value` pairs separated by spaces; a value is single-quoted (with
+  // `\'` and `\\` escapes) or runs to the next space (with backslash escapes), as libpq reads it.
+  if (uri.find('=') == std::string::npos) return uri;
+  std::size_t i = 0;
+  const auto skip_spaces = [&] {
+    while (i < uri.size() && is_space(uri[i])) ++i;
+  };
+  for (;;) {
+    skip_spaces();
+    if (i >= uri.size()) return uri;
+    const std::size_t name_begin = i;
+    while (i < uri.size() && uri[i] != '=' && !is_space(uri[i])) ++i;
+    const std::string name = uri.substr(name_begin, i - name_begin);
+    skip_spaces();
+    if (i >= uri.size() || uri[i] != '=') {
+      uri.replace(name_begin, std::string::npos, hidden);
+      return uri;
+    }
+    ++i;
+    skip_spaces();
+    const std::size_t value_begin = i;
+    if (i < uri.size() && uri[i] == '\'') {
+      for (++i; i < uri.size() && uri[i] != '\''; ++i)
+        if (uri[i] == '\\' && i + 1 < uri.size()) ++i;
+      if (i >= uri.size()) {
+        // An unterminated quote: libpq refuses the string; hide all of it from here.
+        uri.replace(value_begin, std::string::npos, hidden);
+        return uri;
+      }
+      ++i;
+    } else {
+      for (; i < uri.size() && !is_space(uri[i]); ++i)
+        if (uri[i] == '\\' && i + 1 < uri.size()) ++i;
+    }
+    if (is_secret_name(name)) {
+      uri.replace(value_begin, i - value_begin, hidden);
+      i = value_begin + hidden.size();
+    }
   }
-  return uri;
 }
 
 /// A fixed-size pool of PostgreSQL connections; thread-safe checkout, broken ones replaced.

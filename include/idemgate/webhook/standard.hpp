@@ -22,33 +22,90 @@ namespace detail {
 /// The prefix of Standard Webhooks secrets; the base64 key follows it.
 inline constexpr std::string_view standard_secret_prefix = "whsec_";
 
-/// The HMAC key inside a Standard Webhooks secret (`whsec_` + base64, prefix optional), or
-/// nullopt when it is empty or does not decode.
-[[nodiscard]] inline std::optional<std::string> decode_standard_secret(std::string_view secret) {
+/// The shortest key the Standard Webhooks specification allows for HMAC-SHA256 signing secrets:
+/// "at least 24 bytes (192 bits)", counted after base64 decoding.
+inline constexpr std::size_t standard_secret_min_bytes = 24;
+
+/// What is wrong with a Standard Webhooks secret.
+enum class StandardSecretProblem {
+  none,        ///< Usable.
+  empty,       ///< Nothing after the optional `whsec_` prefix.
+  not_base64,  ///< A character outside standard base64, or `=` in the wrong place.
+  inexact,     ///< Base64, but not exactly as encoded: padding missing or a character lost.
+  too_short,   ///< Decodes to fewer than `standard_secret_min_bytes` bytes.
+};
+
+/// The base64 part of a secret: `secret` without its optional `whsec_` prefix.
+[[nodiscard]] constexpr std::string_view standard_secret_base64(std::string_view secret) noexcept {
   if (secret.starts_with(standard_secret_prefix))
     secret.remove_prefix(standard_secret_prefix.size());
-  std::optional<std::string> key = base64_decode(secret);
-  if (!key || key->empty()) return std::nullopt;
-  return key;
+  return secret;
+}
+
+/// The HMAC key of a Standard Webhooks secret (`whsec_` + base64, prefix optional) and what is
+/// wrong with the secret; the key is empty unless the problem is `none`.
+///
+/// The base64 must decode exactly: length a multiple of four with the `=` padding it needs and
+/// zero unused bits (RFC 4648 sections 3.2 and 3.5), so a secret that lost a character when it
+/// was copied is refused instead of silently becoming another key. The key must be at least
+/// `standard_secret_min_bytes` long, as the specification requires.
+[[nodiscard]] inline std::pair<std::string, StandardSecretProblem> decode_standard_secret_checked(
+    std::string_view secret) {
+  const std::string_view text = standard_secret_base64(secret);
+  if (text.empty()) return {{}, StandardSecretProblem::empty};
+  const std::size_t last_digit = text.find_last_not_of('=');
+  const std::size_t digits = last_digit == std::string_view::npos ? 0 : last_digit + 1;
+  if (digits == 0 || text.size() - digits > 2) return {{}, StandardSecretProblem::not_base64};
+  for (std::size_t i = 0; i < digits; ++i)
+    if (base64_value(text[i]) < 0) return {{}, StandardSecretProblem::not_base64};
+  std::optional<std::string> key = base64_decode(text);
+  if (!key || text.size() % 4 != 0 || base64_encode(*key) != text)
+    return {{}, StandardSecretProblem::inexact};
+  if (key->size() < standard_secret_min_bytes) return {{}, StandardSecretProblem::too_short};
+  return {std::move(*key), StandardSecretProblem::none};
+}
+
+/// The HMAC key inside a Standard Webhooks secret, or nullopt when the secret is unusable (see
+/// `decode_standard_secret_checked`).
+[[nodiscard]] inline std::optional<std::string> decode_standard_secret(std::string_view secret) {
+  auto [key, problem] = decode_standard_secret_checked(secret);
+  if (problem != StandardSecretProblem::none) return std::nullopt;
+  return std::move(key);
 }
 
 /// Why a secret is unusable, without ever repeating the secret itself.
 [[nodiscard]] inline std::string unusable_standard_secret_message(std::string_view secret) {
-  if (secret.starts_with(standard_secret_prefix))
-    secret.remove_prefix(standard_secret_prefix.size());
-  if (secret.empty())
-    return "the Standard Webhooks secret is empty; configure the endpoint's signing secret, "
-           "\"whsec_\" followed by base64";
+  const std::string_view text = standard_secret_base64(secret);
+  switch (decode_standard_secret_checked(secret).second) {
+    case StandardSecretProblem::empty:
+      return "the Standard Webhooks secret is empty; configure the endpoint's signing secret, "
+             "\"whsec_\" followed by base64";
+    case StandardSecretProblem::inexact:
+      return "the Standard Webhooks secret does not decode exactly: its " +
+             std::to_string(text.size()) +
+             " base64 characters after \"whsec_\" are not a whole number of 4-character groups "
+             "with the padding they need, so a character was probably lost or added when it was "
+             "copied; copy the endpoint's signing secret again, whole";
+    case StandardSecretProblem::too_short:
+      return "the Standard Webhooks secret decodes to " +
+             std::to_string(base64_decoded_size(text).value_or(0)) +
+             " bytes, fewer than the 24 bytes (192 bits) the specification requires; generate a "
+             "new endpoint secret at the sender (e.g. 32 random bytes, base64, after \"whsec_\")";
+    case StandardSecretProblem::not_base64:
+    case StandardSecretProblem::none:
+      break;
+  }
   return "the Standard Webhooks secret is not \"whsec_\" followed by standard base64 "
-         "(A-Z a-z 0-9 + /, optional = padding); copy the endpoint's signing secret exactly as "
-         "the sender shows it, without surrounding spaces or a trailing newline";
+         "(A-Z a-z 0-9 + /, = padding); copy the endpoint's signing secret exactly as the sender "
+         "shows it, without surrounding spaces or a trailing newline";
 }
 
 /// The HMAC key of a secret, or `std::invalid_argument` saying what is wrong with it.
 [[nodiscard]] inline std::string require_standard_secret(std::string_view secret) {
-  std::optional<std::string> key = decode_standard_secret(secret);
-  if (!key) throw std::invalid_argument("idemgate: " + unusable_standard_secret_message(secret));
-  return std::move(*key);
+  auto [key, problem] = decode_standard_secret_checked(secret);
+  if (problem != StandardSecretProblem::none)
+    throw std::invalid_argument("idemgate: " + unusable_standard_secret_message(secret));
+  return std::move(key);
 }
 
 /// The raw v1 signature of one delivery: HMAC-SHA256 over `id.timestamp.body`.
@@ -163,10 +220,11 @@ template <header_source Headers>
  * versions are ignored. Header names are matched case-insensitively, and `svix-id`,
  * `svix-timestamp` and `svix-signature` are accepted where the `webhook-` names are absent.
  *
- * An unusable secret (empty, or not base64) throws `std::invalid_argument` from the
- * constructor, so a misconfigured service fails at startup instead of rejecting every
- * delivery; `verify_standard_webhook` reports it as `unusable_secret` instead, for secrets
- * looked up per request. Safe to share between threads when the injected clock is.
+ * An unusable secret (empty, not base64, base64 that does not decode exactly, or a key shorter
+ * than the specification's 24 bytes) throws `std::invalid_argument` from the constructor, so a
+ * misconfigured service fails at startup instead of rejecting every delivery;
+ * `verify_standard_webhook` reports it as `unusable_secret` instead, for secrets looked up per
+ * request. Safe to share between threads when the injected clock is.
  *
  * Example:
  *   idemgate::StandardWebhookVerifier verifier(std::getenv("WEBHOOK_SECRET"));
@@ -177,7 +235,8 @@ template <header_source Headers>
 class StandardWebhookVerifier {
  public:
   /// Decodes `secret` (`whsec_` + base64, or the base64 alone); throws `std::invalid_argument`
-  /// when it is empty or not base64, or when the tolerance is negative.
+  /// when it is unusable (empty, not exactly base64, under 24 bytes decoded) or when the
+  /// tolerance is negative.
   explicit StandardWebhookVerifier(std::string_view secret, WebhookOptions options = {})
       : key_(detail::require_standard_secret(secret)), window_(std::move(options)) {}
 
