@@ -295,6 +295,24 @@ TEST(ReconcilerOptionsRange, StaleAfterZeroTakesARowOverAsSoonAsItsLeaseExpired)
   EXPECT_EQ(w.store.find(key)->status, RecordStatus::committed);
 }
 
+TEST(ReconcilerOptionsRange, MaxAttemptsOutsideOneToAMillionIsRefusedAndOneIsHonoured) {
+  World w;
+  auto gate = w.gate({.lease = 30s});
+  for (const auto& [value, label] : size_extremes())
+    expect_refused(
+        [&] {
+          Reconciler reconciler{gate, {.max_attempts = value}};
+        },
+        "ReconcilerOptions::max_attempts", "between 1 and 1000000", label);
+  EXPECT_NO_THROW((Reconciler{gate, {.max_attempts = 1'000'000}}));
+  // One attempt: the first delivery was it, so the first pass escalates the stranded row.
+  w.strand(gate, key);
+  w.clock.advance(31s);
+  Reconciler once{gate, {.interval = 1min, .stale_after = 0ms, .batch = 10, .max_attempts = 1}};
+  EXPECT_EQ(once.run_once().given_up, 1u);
+  EXPECT_EQ(w.store.find(key)->status, RecordStatus::escalated);
+}
+
 TEST(ReconcilerOptionsRange, BatchOutsideOneToTenThousandIsRefusedAndOneIsHonoured) {
   World w;
   auto gate = w.gate({.lease = 30s});

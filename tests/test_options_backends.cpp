@@ -335,4 +335,19 @@ TEST(HttpOptionsRange, ReasonExcerptBytesAboveSixtyFourKiBIsRefusedAndZeroQuotes
       << full.reason();
 }
 
+TEST(HttpOptionsRange, ConfigurationStatusesOutsideFourHundredsAreRefused) {
+  const auto field = &idemgate::HttpOptions::configuration_statuses;
+  for (const auto& [value, label] :
+       std::vector<Sample<std::vector<int>>>{{{500}, "500"},
+                                             {{-1}, "-1"},
+                                             {{399}, "399"},
+                                             {{std::numeric_limits<int>::max()}, "max()"}})
+    expect_refused([&] { (void)with("http://127.0.0.1:1", field, value); },
+                   "HttpOptions::configuration_statuses", "between 400 and 499", label);
+  Answering server(404, "no such route");
+  EXPECT_TRUE(with(server.url(), field, std::vector<int>{}).claim("c", key).permanent())
+      << "an empty list stores every 4xx as permanent";
+  EXPECT_TRUE(with(server.url(), field, std::vector<int>{404}).claim("c", key).transient());
+}
+
 #endif  // IDEMGATE_TEST_OPTIONS_HTTP
