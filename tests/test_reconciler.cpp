@@ -2,17 +2,20 @@
 #include "support/manual_clock.hpp"
 #include "support/slot_request.hpp"
 
+#include <idemgate/detail/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/reconciler.hpp>
 #include <idemgate/store/memory.hpp>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 using idemgate::Gate;
 using idemgate::Key;
@@ -342,4 +345,34 @@ TEST(Gate, EscalatedEventsAreListedAndResolvedWithTheBusinessWrite) {
   auto again = gate.process(key, msku);
   EXPECT_EQ(again.status(), Status::duplicate);
   EXPECT_EQ(again.outcome(), "slot-by-hand");
+}
+
+TEST(Reconciler, APassLongerThanTheLeaseKeepsTheRowsItHasNotReachedYet) {
+  MemoryStore store;  // the real clock: the pass really takes longer than the lease
+  FakeTerminal<> terminal;
+  idemgate::test::WithoutLookup<FakeTerminal<>> downstream{terminal};
+  Bookings bookings;
+  Gate gate{store, downstream, bookings.writer(), {.lease = 240ms}};
+  std::vector<Key> keys;
+  for (int i = 0; i < 10; ++i) {
+    keys.push_back(idemgate::derive_key("ect.claim_slot", "CIS-pass", std::to_string(i)));
+    const std::string bytes = gate.encode_request(msku);
+    (void)store.reserve(keys.back(), idemgate::detail::sha256(bytes), bytes, 1ms);
+  }
+  std::this_thread::sleep_for(5ms);
+  terminal.set_delay(60ms);  // 10 claims: 600 ms, more than twice the lease
+  Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 10}};
+  std::atomic<int> taken_over{0};
+  std::thread redelivery([&] {
+    std::this_thread::sleep_for(450ms);
+    const std::string bytes = gate.encode_request(msku);
+    const auto r = store.reserve(keys.back(), idemgate::detail::sha256(bytes), bytes, 240ms);
+    if (r.kind != idemgate::Reservation::Kind::existing) ++taken_over;
+  });
+  const auto report = reconciler.run_once();
+  redelivery.join();
+  EXPECT_EQ(taken_over.load(), 0) << "the pass's lease on the last row was still live";
+  EXPECT_EQ(report.reclaimed, 10u);
+  EXPECT_EQ(report.lost, 0u);
+  EXPECT_EQ(bookings.size(), 10u);
 }
