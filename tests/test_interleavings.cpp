@@ -7,6 +7,7 @@
 // IDEMGATE_SCHEDULE_SEED=<seed> replays just that schedule.
 
 #include "support/fake_terminal.hpp"
+#include "support/pg_fault_proxy.hpp"
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
 
@@ -17,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <deque>
@@ -119,7 +121,7 @@ std::optional<std::string> run_schedule(Env& env, unsigned seed) {
     before_delivery = store.find(all[e].first);
     lose_write = chance(6);
     if constexpr (requires { env.lose_reply_of_write(1); }) {
-      if (chance(10)) env.lose_reply_of_write(1 + static_cast<int>(rng() % 3));
+      if (chance(10)) env.lose_reply_of_write(1 + static_cast<int>(rng() % 6));
     }
     bool acked = false;
     try {
@@ -260,13 +262,46 @@ class MemoryEnv {
   std::map<Key, std::vector<std::string>> bookings_;
 };
 
-/// PostgresStore on the test server; leases are a few milliseconds long and expire by waiting.
+/// PostgresStore on the test server, through a wire-level fault proxy that can lose the reply
+/// to a chosen statement; leases are a few milliseconds long and expire by waiting.
 class PostgresEnv {
  public:
   using transaction = pqxx::work;
   PostgresEnv(const std::string& uri, const std::string& log, std::string bookings)
-      : store_(uri, {.table = log}), bookings_(std::move(bookings)) {}
+      : uri_(uri),
+        log_(log),
+        proxy_(uri),
+        store_(proxy_.uri(), {.table = log}),
+        bookings_(std::move(bookings)) {}
   idemgate::PostgresStore& store() { return store_; }
+  /// Loses the reply to the next statement of one kind (0: cancels what did not fire).
+  void lose_reply_of_write(int n) {
+    static constexpr std::array<const char*, 6> statements = {
+        "idemgate_reserve", "idemgate_take_over", "COMMIT",
+        "idemgate_release", "idemgate_fail",      "idemgate_take_stale"};
+    if (n == 0) {
+      proxy_.disarm();
+      return;
+    }
+    proxy_.arm(idemgate::test::Fault::lose_reply,
+               statements[static_cast<std::size_t>(n - 1) % statements.size()]);
+  }
+  /// A database crash loses this delivery's reservation or takeover: the row is back as it was.
+  void restore(const Key& key, const std::optional<idemgate::Record>& row) {
+    const std::string where = " WHERE key = '\\x" + key.hex() + "'::bytea";
+    if (!row) {
+      idemgate::test::pg_exec_on(uri_, "DELETE FROM " + log_ + where);
+      return;
+    }
+    const auto micros =
+        std::chrono::duration_cast<std::chrono::microseconds>(row->lease_until.time_since_epoch())
+            .count();
+    idemgate::test::pg_exec_on(
+        uri_, "UPDATE " + log_ + " SET status = 'in_flight', holder = 0, fence = " +
+                  std::to_string(row->fence) + ", attempts = " + std::to_string(row->attempts) +
+                  ", lease_until = 'epoch'::timestamptz + " + std::to_string(micros) +
+                  " * interval '1 microsecond'" + where);
+  }
   std::chrono::milliseconds lease() const { return 5ms; }
   void expire_leases() { std::this_thread::sleep_for(6ms); }
   std::chrono::system_clock::time_point now() const { return std::chrono::system_clock::now(); }
@@ -288,6 +323,9 @@ class PostgresEnv {
   }
 
  private:
+  std::string uri_;
+  std::string log_;
+  idemgate::test::PgFaultProxy proxy_;
   idemgate::PostgresStore store_;
   std::string bookings_;
 };

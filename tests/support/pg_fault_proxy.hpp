@@ -114,6 +114,14 @@ class PgFaultProxy {
     faults_.push_back({fault, std::move(pattern), skip, false, false});
   }
 
+  /// Cancels every armed fault that has not been triggered yet (it then counts as fired).
+  void disarm() {
+    std::lock_guard lock(mutex_);
+    for (Armed& armed : faults_)
+      if (!armed.triggered) armed.triggered = armed.fired = true;
+    fired_changed_.notify_all();
+  }
+
   /// Whether every armed fault has fired: its connection is closed and the client did not read
   /// the answer (lose_reply) or the server did not get the whole statement (cut).
   [[nodiscard]] bool fired() const {
