@@ -5,6 +5,7 @@
 #include "support/fake_terminal.hpp"
 #include "support/manual_clock.hpp"
 #include "support/memory_bookings.hpp"
+#include "support/option_samples.hpp"
 #include "support/slot_request.hpp"
 
 #include <idemgate/detail/periodic.hpp>
@@ -45,10 +46,14 @@ using idemgate::SignalThresholds;
 using idemgate::Status;
 using idemgate::StoreSignals;
 using idemgate::WebhookOptions;
+using idemgate::test::expect_refused;
+using idemgate::test::extremes;
 using idemgate::test::FakeTerminal;
 using idemgate::test::ManualClock;
 using idemgate::test::MemoryBookings;
+using idemgate::test::Sample;
 using idemgate::test::SimulatedCrash;
+using idemgate::test::size_extremes;
 using idemgate::test::SlotRequest;
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
@@ -63,39 +68,6 @@ const auto fingerprint = idemgate::detail::sha256("request");
 
 /// About as far as the system clock can be moved from today without overflowing.
 constexpr std::chrono::days two_centuries{73'050};
-
-/// A value under test and how to print it.
-template <class T>
-struct Sample {
-  T value;
-  std::string label;
-};
-
-/// 0, -1, min() and max() of a duration type.
-template <class D>
-std::vector<Sample<D>> extremes() {
-  return {{D(0), "0"}, {D(-1), "-1"}, {D::min(), "min()"}, {D::max(), "max()"}};
-}
-
-/// 0 and max() of std::size_t (-1 converts to max()).
-std::vector<Sample<std::size_t>> size_extremes() {
-  return {{0, "0"}, {std::numeric_limits<std::size_t>::max(), "max()"}};
-}
-
-/// Runs `make`, which must throw `std::invalid_argument` whose message names `option` and says
-/// the allowed `range`.
-template <class Make>
-void expect_refused(Make&& make, std::string_view option, std::string_view range,
-                    const std::string& label) {
-  try {
-    make();
-    ADD_FAILURE() << option << " = " << label << " was accepted";
-  } catch (const std::invalid_argument& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find(option), std::string::npos) << label << ": " << what;
-    EXPECT_NE(what.find(range), std::string::npos) << label << ": " << what;
-  }
-}
 
 /// A gate over a memory store on a hand-moved clock, and what it calls.
 struct World {

@@ -4,6 +4,7 @@
 // IDEMGATE_TEST_PG (scripts/test starts a server).
 
 #include "support/fake_terminal.hpp"
+#include "support/option_samples.hpp"
 #include "support/slot_request.hpp"
 
 #include <idemgate/detail/sha256.hpp>
@@ -37,39 +38,15 @@ using idemgate::Key;
 using idemgate::RecordStatus;
 using idemgate::Reservation;
 using idemgate::Status;
+using idemgate::test::expect_refused;
+using idemgate::test::extremes;
+using idemgate::test::Sample;
+using idemgate::test::size_extremes;
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 namespace {
-
-/// A value under test and how to print it.
-template <class T>
-struct Sample {
-  T value;
-  std::string label;
-};
-
-/// 0, -1, min() and max() of a duration type.
-template <class D>
-std::vector<Sample<D>> extremes() {
-  return {{D(0), "0"}, {D(-1), "-1"}, {D::min(), "min()"}, {D::max(), "max()"}};
-}
-
-/// Runs `make`, which must throw `std::invalid_argument` whose message names `option` and says
-/// the allowed `range`.
-template <class Make>
-void expect_refused(Make&& make, std::string_view option, std::string_view range,
-                    const std::string& label) {
-  try {
-    make();
-    ADD_FAILURE() << option << " = " << label << " was accepted";
-  } catch (const std::invalid_argument& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find(option), std::string::npos) << label << ": " << what;
-    EXPECT_NE(what.find(range), std::string::npos) << label << ": " << what;
-  }
-}
 
 const Key key = idemgate::derive_key("options", "first");
 const Key other_key = idemgate::derive_key("options", "second");

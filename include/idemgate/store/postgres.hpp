@@ -304,42 +304,29 @@ class PostgresStore {
                       BusinessWrite&& business) {
     const std::string key_param = detail::pq::bytea_param(key.view());
     const std::string update = fenced_update_sql(key, fence, result);
-    for (int attempt = 1;; ++attempt) {
-      auto lease = pool_.acquire();
-      try {
-        prepare_once(lease);
-        if (attempt > 1) {
-          // The previous attempt's COMMIT may have landed before its connection broke: find out
-          // first, so that the business write never runs twice for one fence.
-          pqxx::nontransaction check(lease.connection());
-          if (const auto settled = settled_state(check, key_param, fence, RecordStatus::committed))
-            return *settled;
-        }
-        pqxx::work tx(lease.connection());
-        // The business write goes first and the fenced update last, sent so that libpqxx checks
-        // the transaction is still open: a business write that swallowed an SQL error, or
-        // ended the transaction itself, is caught here instead of its statements and the
-        // status committing apart.
-        business(tx);
-        const pqxx::result updated = fenced_update(tx, update, key);
-        if (detail::pq::affected_rows(updated) == 0) {
-          tx.abort();
-          pqxx::nontransaction check(lease.connection());
-          return settled_earlier(check, key_param, fence, RecordStatus::committed);
-        }
-        tx.commit();
-        return CommitStatus::committed;
-      } catch (const pqxx::broken_connection& e) {
-        lease.mark_broken();
-        if (attempt >= options_.commit_attempts) throw commit_unknown(key, e);
-      } catch (const pqxx::in_doubt_error& e) {
-        lease.mark_broken();
-        if (attempt >= options_.commit_attempts) throw commit_unknown(key, e);
-      } catch (const pqxx::sql_error& e) {
-        throw_if_log_schema_error(e);
-        throw;  // anything else, the business write's own errors included, unchanged
+    return with_commit_retries(key, [&](pqxx::connection& c, int attempt) -> CommitStatus {
+      if (attempt > 1) {
+        // The previous attempt's COMMIT may have landed before its connection broke: find out
+        // first, so that the business write never runs twice for one fence.
+        pqxx::nontransaction check(c);
+        if (const auto settled = settled_state(check, key_param, fence, RecordStatus::committed))
+          return *settled;
       }
-    }
+      pqxx::work tx(c);
+      // The business write goes first and the fenced update last, sent so that libpqxx checks
+      // the transaction is still open: a business write that swallowed an SQL error, or ended
+      // the transaction itself, is caught here instead of its statements and the status
+      // committing apart.
+      business(tx);
+      const pqxx::result updated = fenced_update(tx, update, key);
+      if (detail::pq::affected_rows(updated) == 0) {
+        tx.abort();
+        pqxx::nontransaction check(c);
+        return settled_earlier(check, key_param, fence, RecordStatus::committed);
+      }
+      tx.commit();
+      return CommitStatus::committed;
+    });
   }
 
   /// Stores a permanent failure, only if `fence` still holds.
@@ -469,36 +456,23 @@ class PostgresStore {
         ", updated_at = now() WHERE key = " + detail::pq::bytea_literal(key.view()) +
         " AND status = 'escalated'";
     const std::string key_param = detail::pq::bytea_param(key.view());
-    for (int attempt = 1;; ++attempt) {
-      auto lease = pool_.acquire();
-      try {
-        prepare_once(lease);
-        if (attempt > 1) {
-          // The previous attempt's COMMIT may have landed: never run the business write twice.
-          pqxx::nontransaction check(lease.connection());
-          const pqxx::result rows = detail::pq::exec_prepared(check, "idemgate_find", key_param);
-          if (rows.empty()) return false;
-          const Record row = to_record(rows[0]);
-          if (row.status == RecordStatus::committed) return row.result == result;
-          if (row.status != RecordStatus::escalated) return false;
-        }
-        pqxx::work tx(lease.connection());
-        business(tx);  // first, and the update checked like commit's (see there)
-        const pqxx::result updated = fenced_update(tx, update, key);
-        if (detail::pq::affected_rows(updated) == 0) return false;
-        tx.commit();
-        return true;
-      } catch (const pqxx::broken_connection& e) {
-        lease.mark_broken();
-        if (attempt >= options_.commit_attempts) throw commit_unknown(key, e);
-      } catch (const pqxx::in_doubt_error& e) {
-        lease.mark_broken();
-        if (attempt >= options_.commit_attempts) throw commit_unknown(key, e);
-      } catch (const pqxx::sql_error& e) {
-        throw_if_log_schema_error(e);
-        throw;
+    return with_commit_retries(key, [&](pqxx::connection& c, int attempt) {
+      if (attempt > 1) {
+        // The previous attempt's COMMIT may have landed: never run the business write twice.
+        pqxx::nontransaction check(c);
+        const pqxx::result rows = detail::pq::exec_prepared(check, "idemgate_find", key_param);
+        if (rows.empty()) return false;
+        const Record row = to_record(rows[0]);
+        if (row.status == RecordStatus::committed) return row.result == result;
+        if (row.status != RecordStatus::escalated) return false;
       }
-    }
+      pqxx::work tx(c);
+      business(tx);  // first, and the update checked like commit's (see there)
+      const pqxx::result updated = fenced_update(tx, update, key);
+      if (detail::pq::affected_rows(updated) == 0) return false;
+      tx.commit();
+      return true;
+    });
   }
 
   /// The three signals over the events reserved in the last `window`, in one round trip.
@@ -931,6 +905,31 @@ class PostgresStore {
     detail::pq::prepare(c, "idemgate_batch_landed", sql_.batch_landed);
     detail::pq::prepare(c, "idemgate_redrive_key", sql_.redrive_key);
     detail::pq::prepare(c, "idemgate_redrive_range", sql_.redrive_range);
+  }
+
+  // Runs a write transaction of `key` (commit, resolve) on a pooled connection. A connection that
+  // broke, or a COMMIT whose fate is unknown, is tried again on a fresh connection up to
+  // `commit_attempts` times; `attempt(connection, n)` gets the attempt's number, so that a repeat
+  // first looks whether the previous one landed.
+  template <class Attempt>
+  auto with_commit_retries(const Key& key, Attempt&& attempt)
+      -> std::invoke_result_t<Attempt&, pqxx::connection&, int> {
+    for (int n = 1;; ++n) {
+      auto lease = pool_.acquire();
+      try {
+        prepare_once(lease);
+        return attempt(lease.connection(), n);
+      } catch (const pqxx::broken_connection& e) {
+        lease.mark_broken();
+        if (n >= options_.commit_attempts) throw commit_unknown(key, e);
+      } catch (const pqxx::in_doubt_error& e) {
+        lease.mark_broken();
+        if (n >= options_.commit_attempts) throw commit_unknown(key, e);
+      } catch (const pqxx::sql_error& e) {
+        throw_if_log_schema_error(e);
+        throw;  // anything else, the business write's own errors included, unchanged
+      }
+    }
   }
 
   // Runs one unit of work on a pooled connection. A connection that broke before or during
