@@ -87,6 +87,10 @@ inline void metric(std::string& out, std::string_view name, std::string_view typ
   detail::metric(out, "idemgate_result_mismatch_total", "counter",
                  "Downstream answers that differed from the stored result, ever recorded.",
                  static_cast<double>(signals.mismatches_total));
+  if (signals.wal_bytes)
+    detail::metric(out, "idemgate_wal_bytes", "gauge",
+                   "Size of the store's write-ahead log file (SQLite), in bytes.",
+                   static_cast<double>(*signals.wal_bytes));
   return out;
 }
 
