@@ -405,13 +405,12 @@ inline std::string ended_transaction(std::string_view sql, bool ran) {
          (ran ? "\" ended the store's transaction. A statement of the business write ended it"
               : "\" was refused: the store's transaction is no longer open. An earlier "
                 "statement of the business write ended it") +
-         ", either by itself (BEGIN, COMMIT, ROLLBACK, END) or by failing "
-         "with an error after which SQLite rolls the whole transaction back (a trigger's "
-         "RAISE(ROLLBACK), ON CONFLICT ROLLBACK or OR ROLLBACK, an interrupt, a full disk, an I/O "
-         "error, out of memory) that the business write caught and went on from. Statements "
-         "outside the transaction "
-         "would commit on their own, without the log row, so the store refuses them and vetoes "
-         "every commit until the business write returns. Nothing was committed; let such errors "
+         ", either by itself (BEGIN, COMMIT, ROLLBACK, END) or by failing with an error after "
+         "which SQLite rolls the whole transaction back (a trigger's RAISE(ROLLBACK), ON CONFLICT "
+         "ROLLBACK or OR ROLLBACK, an interrupt, a full disk, an I/O error, out of memory) that "
+         "the business write caught and went on from. Outside the transaction a statement would "
+         "commit on its own, without the log row, so the store refuses it and vetoes every "
+         "commit until the business write returns. Nothing was committed; let such errors "
          "propagate from the business write.";
 }
 
@@ -585,7 +584,11 @@ class SqliteTransaction {
       changed = detail::sqlite::exec(db_, sql, args...);
     } catch (const detail::sqlite::Error& e) {
       throw StoreError(std::string(e.what()) +
-                       " (the business write's statement: " + std::string(sql) + ")");
+                       " (the business write's statement: " + std::string(sql) + ")" +
+                       (sqlite3_get_autocommit(db_) != 0
+                            ? " SQLite rolled the whole transaction back after this error: let "
+                              "it propagate; the store refuses every later statement."
+                            : ""));
     }
     require_open(sql, true);
     return changed;
@@ -1404,6 +1407,7 @@ class SqliteStore {
       const Guarding guarding(*this);
       business(tx);
     }
+    const std::string running = reset_running_statements();
     std::string cause;
     if (sqlite3_commit_hook(db_.get(), &SqliteStore::on_commit, this) != this)
       cause = "it replaced the store's commit hook (sqlite3_commit_hook on tx.db())";
@@ -1421,8 +1425,9 @@ class SqliteStore {
           "the store's transaction was rolled back while it ran (a ROLLBACK of its own, or an "
           "error after which SQLite rolled the whole transaction back, caught and gone on from) "
           "and another transaction was begun in its place";
-    else if (const char* running = running_statement())
-      cause = std::string("it left a statement running, neither reset nor finalized: ") + running;
+    else if (!running.empty())
+      cause = "it left a statement running, neither reset nor finalized (the store reset it): " +
+              running;
     else if (!left_as_written(key, fence, now))
       cause = "the log row the store wrote in this transaction is no longer as the store wrote it";
     sqlite3_rollback_hook(db_.get(), &SqliteStore::on_rollback, this);
@@ -1437,15 +1442,19 @@ class SqliteStore {
                        "through tx.db(), and reset or finalize every statement it prepares.");
   }
 
-  // A statement still running on the connection: after the business write, only one of its own.
-  const char* running_statement() const {
+  // The statements still running on the connection (after the business write, only its own),
+  // reset so that none keeps a read open on the file; empty when there is none.
+  std::string reset_running_statements() const {
+    std::string running;
     for (sqlite3_stmt* s = sqlite3_next_stmt(db_.get(), nullptr); s != nullptr;
-         s = sqlite3_next_stmt(db_.get(), s))
-      if (sqlite3_stmt_busy(s) != 0) {
-        const char* sql = sqlite3_sql(s);
-        return sql != nullptr ? sql : "(a statement without SQL text)";
-      }
-    return nullptr;
+         s = sqlite3_next_stmt(db_.get(), s)) {
+      if (sqlite3_stmt_busy(s) == 0) continue;
+      const char* sql = sqlite3_sql(s);
+      running += (running.empty() ? "" : "; ") +
+                 std::string(sql != nullptr ? sql : "(a statement without SQL text)");
+      sqlite3_reset(s);
+    }
+    return running;
   }
 
   bool left_as_written(const Key& key, std::int64_t fence, std::int64_t now) {
@@ -1456,13 +1465,10 @@ class SqliteStore {
   }
 
   std::logic_error reentered(const char* doing) const {
-    return std::logic_error(
-        std::string("idemgate: the store was called (") + doing +
-        ") from inside its own "
-        "business write on " +
-        path_ +
-        "; that call could never get the store. Do not call the "
-        "store from inside the business write: write through its transaction only.");
+    return std::logic_error(std::string("idemgate: the store was called (") + doing +
+                            ") from inside its own business write on " + path_ +
+                            "; that call could never get the store. Do not call the store from "
+                            "inside the business write: write through its transaction only.");
   }
 
   StoreError held_in_process(const char* doing, const Key* key) const {
@@ -1488,10 +1494,9 @@ class SqliteStore {
         " gave up at the busy timeout (" + std::to_string(busy_timeout_.count()) +
         " ms); nothing was written. Do not ack: the redelivery will try again. " +
         (business ? "A business write must not wait on anything slow (a network call, a lock, a "
-                    "queue): do that before the commit. "
+                    "queue): do that before the commit, or raise SqliteOptions::busy_timeout."
                   : "Threads share one store's connection one at a time: give busy threads "
-                    "stores of their own, or raise SqliteOptions::busy_timeout.") +
-        (business ? "Or raise SqliteOptions::busy_timeout." : ""));
+                    "stores of their own, or raise SqliteOptions::busy_timeout."));
   }
 
   StoreError locked(const char* doing, const Key* key) const {
