@@ -5,6 +5,7 @@
 #include "support/fake_terminal.hpp"
 #include "support/monday.hpp"
 #include "support/slot_request.hpp"
+#include "support/sqlite_files.hpp"
 
 #include <idemgate/gate.hpp>
 #include <idemgate/prometheus.hpp>
@@ -45,54 +46,9 @@ using idemgate::SqliteTransaction;
 using idemgate::StoreError;
 using idemgate::StoreSignals;
 using idemgate::test::SlotRequest;
-namespace sq = idemgate::detail::sqlite;
-using namespace std::chrono_literals;
+using namespace idemgate::test::sqlite;
 
 namespace {
-
-/// A fresh temp directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "idemgate-sqlite-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
-/// A plain connection of its own, like another program's.
-sq::Connection open_raw(const std::string& path) {
-  sqlite3* raw = nullptr;
-  const int code = sqlite3_open(path.c_str(), &raw);
-  sq::Connection connection(raw);
-  if (code != SQLITE_OK) throw std::runtime_error("cannot open " + path);
-  sqlite3_busy_timeout(raw, 20000);
-  return connection;
-}
-
-std::int64_t count(const std::string& path, const std::string& sql) {
-  auto db = open_raw(path);
-  return sq::query_int(db.get(), sql).value_or(-1);
-}
-
-std::string text(sqlite3* db, const std::string& sql) {
-  sq::Statement statement(db, sql, "reading");
-  statement.bind("reading");
-  return statement.step("reading") ? statement.bytes(0) : std::string();
-}
-
-const auto fingerprint = idemgate::detail::sha256("request");
 
 /// The detail lines of SQLite's plan for `sql` (its parameters unbound, so NULL).
 std::vector<std::string> plan(sqlite3* db, const std::string& sql) {
@@ -130,32 +86,6 @@ int wal_commits(const std::string& wal_path) {
   }
   return commits;
 }
-
-Reservation reserve(SqliteStore& store, const Key& key, std::chrono::milliseconds lease = 1min) {
-  return store.reserve(key, fingerprint, "request", lease);
-}
-
-/// A store on a fresh file with the bookings table beside the log.
-struct Fixture {
-  TempDir dir;
-  std::string db = dir.file("idemgate.db");
-  SqliteStore store{db, SqliteOptions{.busy_timeout = 20s}};
-  Fixture() {
-    store.migrate();
-    auto raw = open_raw(db);
-    sq::exec(raw.get(),
-             "CREATE TABLE bookings (id INTEGER PRIMARY KEY, container TEXT NOT NULL, slot TEXT "
-             "NOT NULL, source_event BLOB NOT NULL)");
-  }
-};
-
-/// The business write: one booking per event, tagged with its key. A lambda, not a function:
-/// for a function pointer, Gate's constructor parameter `apply` shadows `Gate::apply`.
-const auto book = [](SqliteTransaction& tx, const Key& key, const SlotRequest& r,
-                     const std::string& slot) {
-  tx.exec("INSERT INTO bookings (container, slot, source_event) VALUES (?, ?, ?)", r.container,
-          slot, key);
-};
 
 /// A slot API shared by processes: every claim is logged in its own SQLite file, and the same
 /// key always gets the same slot (it honours idempotency keys).
@@ -825,14 +755,6 @@ TEST(SqliteStore, PurgeFromAnotherConnectionNeverRemovesAnInFlightRow) {
 
 namespace {
 
-/// The row's status as another connection sees it: what really committed.
-std::string committed_status(const std::string& path, const Key& key) {
-  auto db = open_raw(path);
-  sq::Statement read(db.get(), "SELECT status FROM idemgate_log WHERE key = ?", "reading");
-  read.bind("reading", key);
-  return read.step("reading") ? read.bytes(0) : std::string("(no row)");
-}
-
 /// Tables that make SQLite roll a whole transaction back by itself.
 void add_rollback_traps(const std::string& path) {
   auto db = open_raw(path);
@@ -1123,45 +1045,6 @@ TEST(SqliteStore, CallingTheStoreFromInsideTheBusinessWriteIsRefusedAtOnce) {
 
 // --- every call gives up at its deadline, and says what held the store ------------------------
 
-TEST(SqliteStore, ThreadsSharingOneStoreEachGiveUpAtTheirOwnDeadline) {
-  Fixture f;
-  SqliteStore shared(f.db, {.busy_timeout = 500ms});
-  auto locker = open_raw(f.db);
-  sq::exec(locker.get(), "BEGIN IMMEDIATE");
-  constexpr int threads = 4;
-  std::vector<std::chrono::steady_clock::duration> waited(threads);
-  std::vector<std::string> messages(threads);
-  std::barrier start(threads);
-  std::vector<std::thread> workers;
-  for (int t = 0; t < threads; ++t)
-    workers.emplace_back([&, t] {
-      start.arrive_and_wait();
-      const auto began = std::chrono::steady_clock::now();
-      try {
-        (void)reserve(shared, idemgate::derive_key("deadline", std::to_string(t)));
-      } catch (const StoreError& e) {
-        messages[t] = e.what();
-      }
-      waited[t] = std::chrono::steady_clock::now() - began;
-    });
-  for (auto& w : workers) w.join();
-  sq::exec(locker.get(), "ROLLBACK");
-  int named_the_other_connection = 0;
-  for (int t = 0; t < threads; ++t) {
-    EXPECT_FALSE(messages[t].empty()) << "thread " << t << " must fail";
-    EXPECT_LT(waited[t], 1250ms) << "thread " << t << " waited past its own deadline (500 ms)";
-    const bool other_connection =
-        messages[t].find("another connection or process held the write lock") != std::string::npos;
-    const bool this_process =
-        messages[t].find("in this process (reserving a key) has held the store for") !=
-        std::string::npos;
-    EXPECT_TRUE(other_connection || this_process) << messages[t];
-    EXPECT_NE(messages[t].find("busy timeout (500 ms)"), std::string::npos) << messages[t];
-    named_the_other_connection += other_connection ? 1 : 0;
-  }
-  EXPECT_GE(named_the_other_connection, 1);
-}
-
 TEST(SqliteStore, ABusinessWriteThatHangsMakesOtherCallsFailAtTheirDeadlineNamingIt) {
   Fixture f;
   SqliteStore shared(f.db, {.busy_timeout = 300ms});
@@ -1205,46 +1088,6 @@ TEST(SqliteStore, ABusinessWriteThatHangsMakesOtherCallsFailAtTheirDeadlineNamin
   EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 1);
 }
 
-TEST(SqliteStore, ProcessesWithShortTransactionsDoNotStarveEachOther) {
-  Fixture f;
-  constexpr int children = 8;
-  const auto start = std::chrono::steady_clock::now() + 500ms;
-  std::vector<pid_t> pids;
-  for (int c = 0; c < children; ++c) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0) << "fork failed";
-    if (pid == 0) {
-      int timeouts = 0;
-      try {
-        SqliteStore store(f.db, {.busy_timeout = 1500ms});
-        std::this_thread::sleep_until(start);
-        for (int i = 0; std::chrono::steady_clock::now() < start + 2500ms; ++i) {
-          try {
-            (void)reserve(store,
-                          idemgate::derive_key("starve", std::to_string(c), std::to_string(i)));
-          } catch (const StoreError&) {
-            ++timeouts;
-          }
-        }
-      } catch (...) {
-        ::_exit(100);
-      }
-      ::_exit(std::min(timeouts, 99));
-    }
-    pids.push_back(pid);
-  }
-  int timeouts = 0;
-  for (const pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    ASSERT_NE(WEXITSTATUS(status), 100) << "a child could not open its store";
-    timeouts += WEXITSTATUS(status);
-  }
-  EXPECT_EQ(timeouts, 0) << "reservations of a few milliseconds each timed out after 1.5 s";
-  EXPECT_GT(count(f.db, "SELECT count(*) FROM idemgate_log"), children);
-}
-
 TEST(SqliteStore, TheLeaseRunsFromWhenTheWriteLockIsHeldNotFromTheCall) {
   Fixture f;
   auto locker = open_raw(f.db);
@@ -1260,68 +1103,6 @@ TEST(SqliteStore, TheLeaseRunsFromWhenTheWriteLockIsHeldNotFromTheCall) {
 }
 
 // --- the WAL stays bounded, and its size is a gauge -------------------------------------------
-
-namespace {
-
-std::int64_t file_bytes(const std::string& path) {
-  std::error_code missing;
-  const auto size = std::filesystem::file_size(path, missing);
-  return missing ? 0 : static_cast<std::int64_t>(size);
-}
-
-/// Children that read the log in a tight loop, as dashboards and tools do, until killed.
-std::vector<pid_t> start_readers(const std::string& path, int n) {
-  std::vector<pid_t> pids;
-  for (int c = 0; c < n; ++c) {
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      try {
-        SqliteStore reader(path, {.busy_timeout = 20s});
-        for (int i = 0;; ++i) {
-          (void)reader.find(idemgate::derive_key("wal", std::to_string(i % 100)));
-          (void)reader.signals(1h);
-        }
-      } catch (...) {
-      }
-      ::_exit(2);
-    }
-    pids.push_back(pid);
-  }
-  return pids;
-}
-
-void stop(const std::vector<pid_t>& pids) {
-  for (const pid_t pid : pids) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-  }
-}
-
-}  // namespace
-
-TEST(SqliteStore, TheWalStaysNearItsLimitWhileOtherProcessesKeepReading) {
-  Fixture f;
-  constexpr std::int64_t limit = 1 << 20;
-  SqliteStore writer(f.db, {.busy_timeout = 20s, .wal_size_limit = limit});
-  const auto readers = start_readers(f.db, 2);
-  std::int64_t most = 0;
-  for (int i = 0; i < 500; ++i) {
-    const Key key = idemgate::derive_key("wal", std::to_string(i));
-    const Reservation r = reserve(writer, key);
-    ASSERT_EQ(writer.commit(key, r.fence, "slot",
-                            [&](SqliteTransaction& tx) {
-                              book(tx, key, {"MSKU", "w"}, "slot");
-                            }),
-              CommitStatus::committed);
-    most = std::max(most, file_bytes(f.db + "-wal"));
-  }
-  stop(readers);
-  EXPECT_LT(most, 4 * limit) << "the WAL grew to " << most << " bytes";
-  const std::optional<std::int64_t> gauge = writer.signals(1h).wal_bytes;
-  ASSERT_TRUE(gauge.has_value());
-  EXPECT_EQ(*gauge, file_bytes(f.db + "-wal"));
-}
 
 TEST(SqliteStore, TheWalShrinksBackOnceALongReaderLetsGo) {
   Fixture f;
@@ -1678,4 +1459,24 @@ TEST(SqliteStore, RedrivingFailedRowsHandsThemToTheNextDeliveryOrTheReconciler) 
   for (const auto& s : stale) taken.insert(s.key);
   EXPECT_EQ(taken, (std::set<Key>{in_range, also})) << "the reconciler takes re-driven rows";
   for (const auto& s : stale) EXPECT_EQ(s.attempts, 3);
+}
+
+TEST(SqliteStore, RestoreReplacesAFileThatIsNotADatabaseAnyMore) {
+  TempDir dir;
+  const std::string db = dir.file("idemgate.db");
+  const std::string backup = dir.file("backup.db");
+  const Key kept = idemgate::derive_key("garbage", "kept");
+  {
+    SqliteStore store(db);
+    store.migrate();
+    (void)reserve(store, kept);
+    store.backup_to(backup);
+  }
+  std::ofstream(db, std::ios::binary | std::ios::trunc) << std::string(8192, '\x5a');
+  EXPECT_THROW(SqliteStore{db}, StoreError) << "the damaged file is refused";
+  SqliteStore::restore_from(backup, db);
+  SqliteStore store(db);
+  const Reservation again = reserve(store, kept);
+  EXPECT_EQ(again.kind, Reservation::Kind::existing);
+  EXPECT_EQ(again.status, RecordStatus::in_flight);
 }

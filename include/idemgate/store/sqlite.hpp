@@ -1304,7 +1304,11 @@ class SqliteStore {
     const auto deadline = started + busy_timeout_;
     if (holder_thread_.load() == std::this_thread::get_id()) throw reentered(doing);
     std::unique_lock lock(mutex_, std::defer_lock);
-    if (!lock.try_lock_until(deadline)) throw held_in_process(doing, key);
+    if (!lock.try_lock()) {
+      // Who holds the store now, for the error: by the deadline it may have just let go.
+      const Holder before = holder();
+      if (!lock.try_lock_until(deadline)) throw held_in_process(doing, key, before);
+    }
     const Holding holding(*this, doing);
     deadline_ = deadline;
     for (;;) {
@@ -1471,21 +1475,33 @@ class SqliteStore {
                             "inside the business write: write through its transaction only.");
   }
 
-  StoreError held_in_process(const char* doing, const Key* key) const {
-    const char* holder = holder_doing_.load();
-    const bool business = holder_in_business_.load();
-    const std::int64_t since = holder_since_.load();
+  // A snapshot of who holds the store's lock.
+  struct Holder {
+    const char* doing = nullptr;
+    bool business = false;
+    std::int64_t since = 0;
+  };
+
+  Holder holder() const noexcept {
+    return {holder_doing_.load(), holder_in_business_.load(), holder_since_.load()};
+  }
+
+  StoreError held_in_process(const char* doing, const Key* key, const Holder& before) const {
+    Holder last = holder();
+    if (last.doing == nullptr) last = before;
+    const char* what = last.doing;
+    const bool business = last.business;
     const auto held = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now().time_since_epoch() -
-        std::chrono::steady_clock::duration(since));
+        std::chrono::steady_clock::duration(last.since));
     const std::string for_how_long =
         " has held the store for " + std::to_string(held.count()) + " ms";
     std::string who;
     if (business)
       who = "a business write in this process" + for_how_long + " (" +
-            (holder != nullptr ? holder : "committing") + ")";
-    else if (holder != nullptr)
-      who = "another call in this process (" + std::string(holder) + ")" + for_how_long;
+            (what != nullptr ? what : "committing") + ")";
+    else if (what != nullptr)
+      who = "another call in this process (" + std::string(what) + ")" + for_how_long;
     else
       who = "other calls in this process kept the store busy";
     return StoreError(
