@@ -204,7 +204,9 @@ TEST(Prometheus, ExpositionIsWellFormedAndCarriesTheSignals) {
   s.oldest_in_flight = 42s;
   s.mismatched_keys = 1;
   s.mismatches_total = 3;
+  s.retrying = 2;
   const auto samples = parse_exposition(idemgate::render_prometheus(counters, s));
+  EXPECT_EQ(samples.at("idemgate_retrying_rows"), 2);
   EXPECT_EQ(samples.at("idemgate_events_total{result=\"processed\"}"), 1);
   EXPECT_EQ(samples.at("idemgate_events_total{result=\"duplicate\"}"), 1);
   EXPECT_EQ(samples.at("idemgate_events_total{result=\"lost_lease\"}"), 0);

@@ -1,14 +1,18 @@
 // SqliteStore on its own: several processes on one file, WAL, bad files, locks, the
-// transaction handle. The behaviours every store shares are in test_store_conformance.cpp.
+// transaction handle, business writes that break their transaction, backup and restore. The
+// behaviours every store shares are in test_store_conformance.cpp.
 
 #include "support/fake_terminal.hpp"
 #include "support/monday.hpp"
 #include "support/slot_request.hpp"
+#include "support/sqlite_files.hpp"
 
 #include <idemgate/gate.hpp>
+#include <idemgate/prometheus.hpp>
 #include <idemgate/store/sqlite.hpp>
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,12 +23,16 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using idemgate::CommitStatus;
@@ -38,54 +46,9 @@ using idemgate::SqliteTransaction;
 using idemgate::StoreError;
 using idemgate::StoreSignals;
 using idemgate::test::SlotRequest;
-namespace sq = idemgate::detail::sqlite;
-using namespace std::chrono_literals;
+using namespace idemgate::test::sqlite;
 
 namespace {
-
-/// A fresh temp directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "idemgate-sqlite-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
-/// A plain connection of its own, like another program's.
-sq::Connection open_raw(const std::string& path) {
-  sqlite3* raw = nullptr;
-  const int code = sqlite3_open(path.c_str(), &raw);
-  sq::Connection connection(raw);
-  if (code != SQLITE_OK) throw std::runtime_error("cannot open " + path);
-  sqlite3_busy_timeout(raw, 20000);
-  return connection;
-}
-
-std::int64_t count(const std::string& path, const std::string& sql) {
-  auto db = open_raw(path);
-  return sq::query_int(db.get(), sql).value_or(-1);
-}
-
-std::string text(sqlite3* db, const std::string& sql) {
-  sq::Statement statement(db, sql, "reading");
-  statement.bind("reading");
-  return statement.step("reading") ? statement.bytes(0) : std::string();
-}
-
-const auto fingerprint = idemgate::detail::sha256("request");
 
 /// The detail lines of SQLite's plan for `sql` (its parameters unbound, so NULL).
 std::vector<std::string> plan(sqlite3* db, const std::string& sql) {
@@ -123,32 +86,6 @@ int wal_commits(const std::string& wal_path) {
   }
   return commits;
 }
-
-Reservation reserve(SqliteStore& store, const Key& key, std::chrono::milliseconds lease = 1min) {
-  return store.reserve(key, fingerprint, "request", lease);
-}
-
-/// A store on a fresh file with the bookings table beside the log.
-struct Fixture {
-  TempDir dir;
-  std::string db = dir.file("idemgate.db");
-  SqliteStore store{db, SqliteOptions{.busy_timeout = 20s}};
-  Fixture() {
-    store.migrate();
-    auto raw = open_raw(db);
-    sq::exec(raw.get(),
-             "CREATE TABLE bookings (id INTEGER PRIMARY KEY, container TEXT NOT NULL, slot TEXT "
-             "NOT NULL, source_event BLOB NOT NULL)");
-  }
-};
-
-/// The business write: one booking per event, tagged with its key. A lambda, not a function:
-/// for a function pointer, Gate's constructor parameter `apply` shadows `Gate::apply`.
-const auto book = [](SqliteTransaction& tx, const Key& key, const SlotRequest& r,
-                     const std::string& slot) {
-  tx.exec("INSERT INTO bookings (container, slot, source_event) VALUES (?, ?, ?)", r.container,
-          slot, key);
-};
 
 /// A slot API shared by processes: every claim is logged in its own SQLite file, and the same
 /// key always gets the same slot (it honours idempotency keys).
@@ -812,4 +749,734 @@ TEST(SqliteStore, PurgeFromAnotherConnectionNeverRemovesAnInFlightRow) {
     for (const Key& key : finished[w]) EXPECT_FALSE(f.store.find(key).has_value());
   }
   EXPECT_EQ(purged.load(), static_cast<std::size_t>(workers * per_worker * 2 / 3));
+}
+
+// --- the business write cannot commit anything on its own ------------------------------------
+
+namespace {
+
+/// Tables that make SQLite roll a whole transaction back by itself.
+void add_rollback_traps(const std::string& path) {
+  auto db = open_raw(path);
+  sq::exec(db.get(), "CREATE TABLE audit (note TEXT NOT NULL)");
+  sq::exec(db.get(),
+           "CREATE TRIGGER audit_refuses BEFORE INSERT ON audit WHEN new.note = 'refuse' "
+           "BEGIN SELECT RAISE(ROLLBACK, 'audit refused the note'); END");
+  sq::exec(db.get(), "CREATE TABLE strict_notes (note TEXT UNIQUE ON CONFLICT ROLLBACK)");
+  sq::exec(db.get(), "CREATE TABLE plain_notes (note TEXT UNIQUE)");
+  sq::exec(db.get(), "INSERT INTO strict_notes VALUES ('taken')");
+  sq::exec(db.get(), "INSERT INTO plain_notes VALUES ('taken')");
+}
+
+using Breaker = std::function<void(SqliteTransaction&)>;
+
+/// Statements after whose error SQLite has rolled the whole transaction back.
+std::vector<std::pair<std::string, Breaker>> rollback_breakers() {
+  return {
+      {"RAISE(ROLLBACK)",
+       [](SqliteTransaction& tx) { tx.exec("INSERT INTO audit VALUES ('refuse')"); }},
+      {"ON CONFLICT ROLLBACK",
+       [](SqliteTransaction& tx) { tx.exec("INSERT INTO strict_notes VALUES ('taken')"); }},
+      {"OR ROLLBACK",
+       [](SqliteTransaction& tx) {
+         tx.exec("INSERT OR ROLLBACK INTO plain_notes VALUES ('taken')");
+       }},
+      {"an interrupt",
+       [](SqliteTransaction& tx) {
+         sqlite3_progress_handler(
+             tx.db(), 1, [](void*) { return 1; }, nullptr);
+         try {
+           tx.exec("INSERT INTO audit VALUES ('interrupted')");
+         } catch (...) {
+           sqlite3_progress_handler(tx.db(), 0, nullptr, nullptr);
+           throw;
+         }
+       }},
+  };
+}
+
+}  // namespace
+
+TEST(SqliteStore, BusinessWriteThatSwallowsAnErrorThatRolledTheTransactionBackCommitsNothing) {
+  Fixture f;
+  add_rollback_traps(f.db);
+  for (const auto& [name, breaker] : rollback_breakers()) {
+    // How the business write goes on after swallowing the error: through exec, swallowing the
+    // store's refusal too, or through the raw connection.
+    for (const std::string how : {"exec", "exec, swallowing again", "db()"}) {
+      const Key key = idemgate::derive_key("swallowed", name, how);
+      const Reservation r = reserve(f.store, key);
+      try {
+        (void)f.store.commit(key, r.fence, "slot", [&](SqliteTransaction& tx) {
+          try {
+            breaker(tx);
+          } catch (const StoreError&) {
+            // The defect under test: the error is swallowed and the business write goes on.
+          }
+          if (how == "exec") {
+            book(tx, key, SlotRequest{"MSKU1", "w"}, "slot");
+          } else if (how == "db()") {
+            sqlite3_exec(tx.db(),
+                         "INSERT INTO bookings (container, slot, source_event) VALUES ('raw', "
+                         "'slot', x'00')",
+                         nullptr, nullptr, nullptr);
+          } else {
+            try {
+              book(tx, key, SlotRequest{"MSKU1", "w"}, "slot");
+            } catch (const StoreError&) {
+            }
+          }
+        });
+        ADD_FAILURE() << name << ", " << how << ": the commit must throw";
+      } catch (const StoreError& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find("business write"), std::string::npos) << message;
+        if (how == "exec") {
+          EXPECT_NE(message.find("was refused: the store's transaction is no longer open"),
+                    std::string::npos)
+              << "the next statement is refused at once: " << message;
+        }
+      }
+      EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0)
+          << name << ", " << how << ": a business row committed without its log row";
+      EXPECT_EQ(committed_status(f.db, key), "in_flight") << name << ", " << how;
+    }
+  }
+  // The store is unharmed: a sound business write commits.
+  const Key key = idemgate::derive_key("swallowed", "sound");
+  const Reservation r = reserve(f.store, key);
+  EXPECT_EQ(f.store.commit(key, r.fence, "slot",
+                           [&](SqliteTransaction& tx) {
+                             book(tx, key, {"MSKU2", "w"}, "slot");
+                           }),
+            CommitStatus::committed);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 1);
+}
+
+TEST(SqliteStore, GateOverABusinessWriteThatSwallowsRollbacksNeverBooksTwice) {
+  Fixture f;
+  add_rollback_traps(f.db);
+  idemgate::test::FakeTerminal<> terminal;
+  std::string note = "refuse";
+  Gate gate{
+      f.store, terminal,
+      [&](SqliteTransaction& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+        try {
+          tx.exec("INSERT INTO audit VALUES (?)", note);
+        } catch (const StoreError&) {
+          // Swallowed: the audit row is "optional".
+        }
+        book(tx, key, r, slot);
+      }};
+  const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-16", msku.container);
+  for (int delivery = 0; delivery < 3; ++delivery) {
+    try {
+      (void)gate.process(key, msku);
+      ADD_FAILURE() << "delivery " << delivery << " must not be processed";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find("business write"), std::string::npos) << e.what();
+    }
+  }
+  // A reconciler pass over the released row fares no better.
+  const auto stranded = f.store.take_stale(10, 0s, 1min);
+  ASSERT_EQ(stranded.size(), 1u);
+  EXPECT_THROW((void)f.store.commit(key, stranded[0].fence, "slot-1",
+                                    [&](SqliteTransaction& tx) {
+                                      try {
+                                        tx.exec("INSERT INTO audit VALUES ('refuse')");
+                                      } catch (const StoreError&) {
+                                      }
+                                      book(tx, key, msku, "slot-1");
+                                    }),
+               StoreError);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0) << "never booked without the log";
+  EXPECT_EQ(committed_status(f.db, key), "in_flight");
+  ASSERT_TRUE(f.store.release(key, stranded[0].fence));
+
+  note = "fine";
+  EXPECT_EQ(gate.process(key, msku).status(), idemgate::Status::processed);
+  EXPECT_EQ(gate.process(key, msku).status(), idemgate::Status::duplicate);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 1) << "booked exactly once";
+  EXPECT_EQ(committed_status(f.db, key), "committed");
+}
+
+TEST(SqliteStore, BusinessWriteThatTakesTransactionControlCommitsNothing) {
+  Fixture f;
+  const auto raw_exec = [](SqliteTransaction& tx, const char* sql) {
+    sqlite3_exec(tx.db(), sql, nullptr, nullptr, nullptr);  // its result ignored, as it was
+  };
+  const std::vector<std::pair<std::string, std::function<void(SqliteTransaction&, const Key&)>>>
+      cases = {
+          {"ROLLBACK; BEGIN through db()",
+           [&](SqliteTransaction& tx, const Key& key) {
+             raw_exec(tx, "ROLLBACK; BEGIN");
+             book(tx, key, {"MSKU1", "w"}, "slot");
+           }},
+          {"COMMIT through db()",
+           [&](SqliteTransaction& tx, const Key& key) {
+             book(tx, key, {"MSKU1", "w"}, "slot");
+             raw_exec(tx, "COMMIT");
+           }},
+          {"COMMIT; BEGIN through db(), then more",
+           [&](SqliteTransaction& tx, const Key& key) {
+             book(tx, key, {"MSKU1", "w"}, "slot");
+             raw_exec(tx, "COMMIT; BEGIN");
+             raw_exec(tx,
+                      "INSERT INTO bookings (container, slot, source_event) VALUES ('raw', 's', "
+                      "x'00')");
+           }},
+          {"END through exec, swallowed",
+           [&](SqliteTransaction& tx, const Key& key) {
+             book(tx, key, {"MSKU1", "w"}, "slot");
+             try {
+               tx.exec("END");
+             } catch (const StoreError&) {
+             }
+           }},
+          {"ROLLBACK; BEGIN through db(), then the log row rewritten as the store wrote it",
+           [&](SqliteTransaction& tx, const Key& key) {
+             const std::int64_t at =
+                 *tx.query_int("SELECT updated_at FROM idemgate_log WHERE key = ?", key);
+             raw_exec(tx, "ROLLBACK; BEGIN");
+             sq::exec(tx.db(),
+                      "UPDATE idemgate_log SET status = 'committed', result = 'slot', "
+                      "updated_at = ? WHERE key = ?",
+                      at, key);
+             book(tx, key, {"MSKU1", "w"}, "slot");
+           }},
+          {"ROLLBACK through exec, swallowed, then BEGIN through db()",
+           [&](SqliteTransaction& tx, const Key& key) {
+             try {
+               tx.exec("ROLLBACK");
+             } catch (const StoreError&) {
+             }
+             raw_exec(tx, "BEGIN");
+             book(tx, key, {"MSKU1", "w"}, "slot");
+           }},
+      };
+  for (const auto& [name, business] : cases) {
+    const Key key = idemgate::derive_key("control", name);
+    const Reservation r = reserve(f.store, key);
+    try {
+      const CommitStatus status =
+          f.store.commit(key, r.fence, "slot", [&](SqliteTransaction& tx) { business(tx, key); });
+      ADD_FAILURE() << name << ": answered "
+                    << (status == CommitStatus::committed ? "committed" : "lost_lease")
+                    << " instead of throwing";
+    } catch (const StoreError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("business write"), std::string::npos) << message;
+      EXPECT_NE(message.find("stays in flight"), std::string::npos) << message;
+    }
+    EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0) << name;
+    EXPECT_EQ(committed_status(f.db, key), "in_flight") << name << ": the error says in flight";
+  }
+
+  // The same through resolve: the row stays escalated and nothing is booked.
+  const Key parked = idemgate::derive_key("control", "parked");
+  const Reservation p = reserve(f.store, parked);
+  ASSERT_EQ(f.store.escalate(parked, p.fence, "no lookup"), CommitStatus::committed);
+  EXPECT_THROW((void)f.store.resolve(parked, "slot",
+                                     [&](SqliteTransaction& tx) {
+                                       raw_exec(tx, "ROLLBACK; BEGIN");
+                                       book(tx, parked, {"MSKU9", "w"}, "slot");
+                                     }),
+               StoreError);
+  EXPECT_EQ(committed_status(f.db, parked), "escalated");
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0);
+  EXPECT_TRUE(f.store.resolve(parked, "slot", [&](SqliteTransaction& tx) {
+    book(tx, parked, {"MSKU9", "w"}, "slot");
+  }));
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 1);
+}
+
+TEST(SqliteStore, BusinessWriteThatLeavesAStatementRunningFailsAtOnceAndRunsOnce) {
+  TempDir dir;
+  const std::string path = dir.file("running.db");
+  SqliteStore store(path, {.busy_timeout = 1s});
+  store.migrate();
+  {
+    auto raw = open_raw(path);
+    sq::exec(raw.get(), "CREATE TABLE notes (id INTEGER PRIMARY KEY, note TEXT)");
+  }
+  for (const char* sql : {"INSERT INTO notes (note) VALUES ('a') RETURNING id",
+                          "SELECT 1 FROM sqlite_master UNION ALL SELECT 2"}) {
+    const Key key = idemgate::derive_key("running", sql);
+    const Reservation r = reserve(store, key);
+    int runs = 0;
+    sqlite3_stmt* left = nullptr;
+    const auto started = std::chrono::steady_clock::now();
+    try {
+      (void)store.commit(key, r.fence, "slot", [&](SqliteTransaction& tx) {
+        ++runs;
+        sqlite3_finalize(left);
+        sqlite3_prepare_v2(tx.db(), sql, -1, &left, nullptr);
+        sqlite3_step(left);  // neither reset nor finalized before returning
+      });
+      ADD_FAILURE() << sql << ": must throw";
+    } catch (const StoreError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("neither reset nor finalized"), std::string::npos) << message;
+      EXPECT_NE(message.find(sql), std::string::npos) << message;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - started, 500ms)
+        << "an error of this connection is not waited out like another connection's lock";
+    sqlite3_finalize(left);
+    EXPECT_EQ(runs, 1) << "the business write never runs twice";
+    EXPECT_EQ(count(path, "SELECT count(*) FROM notes"), 0);
+    EXPECT_EQ(committed_status(path, key), "in_flight");
+  }
+  EXPECT_FALSE(sq::Error(SQLITE_LOCKED, "locked").busy())
+      << "SQLITE_LOCKED comes from this connection: never tried again as if another held it";
+}
+
+TEST(SqliteStore, CallingTheStoreFromInsideTheBusinessWriteIsRefusedAtOnce) {
+  TempDir dir;
+  SqliteStore store(dir.file("reentry.db"), {.busy_timeout = 200ms});
+  store.migrate();
+  const Key key = idemgate::derive_key("reentry", "1");
+  const Reservation r = reserve(store, key);
+  EXPECT_THROW(
+      (void)store.commit(key, r.fence, "slot", [&](SqliteTransaction&) { (void)store.find(key); }),
+      std::logic_error);
+  EXPECT_EQ(store.find(key)->status, RecordStatus::in_flight);
+}
+
+// --- every call gives up at its deadline, and says what held the store ------------------------
+
+TEST(SqliteStore, ABusinessWriteThatHangsMakesOtherCallsFailAtTheirDeadlineNamingIt) {
+  Fixture f;
+  SqliteStore shared(f.db, {.busy_timeout = 300ms});
+  const Key key = idemgate::derive_key("hang", "1");
+  const Reservation r = reserve(shared, key);
+  std::promise<void> entered, resume;
+  std::once_flag resumed;
+  const auto let_it_finish = [&] { std::call_once(resumed, [&] { resume.set_value(); }); };
+  auto committing = std::async(std::launch::async, [&] {
+    return shared.commit(key, r.fence, "slot", [&](SqliteTransaction& tx) {
+      entered.set_value();
+      resume.get_future().wait();  // a business write waiting on something slow
+      book(tx, key, {"MSKU1", "w"}, "slot");
+    });
+  });
+  entered.get_future().wait();
+  const auto expect_named = [&](const char* call, auto&& work) {
+    auto waiting = std::async(std::launch::async, [&]() -> std::string {
+      try {
+        work();
+      } catch (const StoreError& e) {
+        return e.what();
+      }
+      return "no error";
+    });
+    if (waiting.wait_for(3s) != std::future_status::ready) {
+      ADD_FAILURE() << call << " waited for the hung business write without end";
+      let_it_finish();
+    }
+    const std::string message = waiting.get();
+    EXPECT_NE(message.find("a business write in this process has held the store for"),
+              std::string::npos)
+        << call << ": " << message;
+  };
+  expect_named("find", [&] { (void)shared.find(key); });
+  expect_named("signals", [&] { (void)shared.signals(1h); });
+  expect_named("take_stale", [&] { (void)shared.take_stale(10, 0s, 1min); });
+  expect_named("purge", [&] { (void)shared.purge(0s, 10); });
+  let_it_finish();
+  EXPECT_EQ(committing.get(), CommitStatus::committed);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 1);
+}
+
+TEST(SqliteStore, TheLeaseRunsFromWhenTheWriteLockIsHeldNotFromTheCall) {
+  Fixture f;
+  auto locker = open_raw(f.db);
+  sq::exec(locker.get(), "BEGIN IMMEDIATE");
+  const Key key = idemgate::derive_key("lease-after-lock", "1");
+  auto reserving = std::async(std::launch::async, [&] { return reserve(f.store, key, 1min); });
+  std::this_thread::sleep_for(400ms);
+  const auto unlocked = std::chrono::system_clock::now();
+  sq::exec(locker.get(), "COMMIT");
+  ASSERT_EQ(reserving.get().kind, Reservation::Kind::acquired);
+  EXPECT_GE(f.store.find(key)->lease_until, unlocked + 1min)
+      << "the wait for the write lock shortened the lease";
+}
+
+// --- the WAL stays bounded, and its size is a gauge -------------------------------------------
+
+TEST(SqliteStore, TheWalShrinksBackOnceALongReaderLetsGo) {
+  Fixture f;
+  constexpr std::int64_t limit = 256 << 10;
+  SqliteStore writer(f.db, {.busy_timeout = 20s, .wal_size_limit = limit});
+  auto reader = open_raw(f.db);
+  sq::exec(reader.get(), "BEGIN");
+  ASSERT_GE(sq::query_int(reader.get(), "SELECT count(*) FROM idemgate_log"), 0);  // a snapshot
+  int next = 0;
+  const auto write = [&] {
+    const Key key = idemgate::derive_key("long-reader", std::to_string(next++));
+    (void)reserve(writer, key);
+  };
+  while (file_bytes(f.db + "-wal") < 4 * limit) write();
+  EXPECT_GT(*writer.signals(1h).wal_bytes, 4 * limit)
+      << "a read transaction held open keeps the WAL from starting over: the gauge shows it";
+  sq::exec(reader.get(), "COMMIT");
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (file_bytes(f.db + "-wal") > limit && std::chrono::steady_clock::now() < until) {
+    write();
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_LE(file_bytes(f.db + "-wal"), limit) << "the WAL file never shrank";
+}
+
+TEST(SqliteStore, TheWalSizeIsRenderedAsAGaugeOnlyWhereThereIsOne) {
+  Fixture f;
+  (void)reserve(f.store, idemgate::derive_key("gauge", "1"));
+  const StoreSignals s = f.store.signals(1h);
+  ASSERT_TRUE(s.wal_bytes.has_value());
+  EXPECT_GT(*s.wal_bytes, 0);
+  const idemgate::Counters counters;
+  const std::string page = idemgate::render_prometheus(counters, s);
+  EXPECT_NE(page.find("# TYPE idemgate_wal_bytes gauge\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("\nidemgate_wal_bytes " + std::to_string(*s.wal_bytes) + "\n"),
+            std::string::npos)
+      << page;
+  EXPECT_EQ(idemgate::render_prometheus(counters, StoreSignals{}).find("idemgate_wal_bytes"),
+            std::string::npos)
+      << "stores without a WAL of their own render no WAL gauge";
+  SqliteStore in_memory(":memory:");
+  in_memory.migrate();
+  EXPECT_FALSE(in_memory.signals(1h).wal_bytes.has_value());
+}
+
+// --- backup and restore ------------------------------------------------------------------------
+
+TEST(SqliteStore, DamagedFileAdviceSaysHowToRestoreWithoutReplayingTheStaleWal) {
+  const std::string advice = sq::advice(SQLITE_CORRUPT, "database disk image is malformed");
+  EXPECT_NE(advice.find("restore it from a backup"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("Stop every process"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("-wal and -shm"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("SqliteStore::restore_from"), std::string::npos) << advice;
+  EXPECT_EQ(sq::advice(SQLITE_NOTADB, "file is not a database"), advice);
+}
+
+TEST(SqliteStore, RestoreKeepsEveryEventOfTheBackupADuplicateDespiteAStaleWal) {
+  TempDir dir;
+  const std::string db = dir.file("idemgate.db");
+  const std::string backup = dir.file("backup.db");
+  constexpr int backed_up = 120, later = 80;
+  const auto event = [](int i) { return idemgate::derive_key("restore", std::to_string(i)); };
+  const auto commit_events = [&](SqliteStore& store, int from, int to) {
+    for (int i = from; i < to; ++i) {
+      const Reservation r = reserve(store, event(i));
+      if (r.kind != Reservation::Kind::acquired ||
+          store.commit(event(i), r.fence, "slot", [](SqliteTransaction&) {}) !=
+              CommitStatus::committed)
+        throw std::runtime_error("event " + std::to_string(i) + " did not commit");
+    }
+  };
+  {
+    SqliteStore store(db);
+    store.migrate();
+    commit_events(store, 0, backed_up);
+    store.backup_to(backup);  // online: the file stays open and in use
+    EXPECT_FALSE(std::filesystem::exists(backup + ".partial"));
+    EXPECT_THROW(SqliteStore::restore_from(backup, db), StoreError)
+        << "a store open in this process is a user of the file";
+  }
+  // Another process goes on after the backup and dies without closing: its WAL stays behind.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    try {
+      SqliteStore store(db);
+      commit_events(store, backed_up, backed_up + later);
+      (void)!::write(ready[1], "1", 1);
+      for (;;) ::pause();
+    } catch (...) {
+    }
+    ::_exit(2);
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1) << "the child could not commit its events";
+  ::close(ready[0]);
+
+  // While the process runs, the restore is refused and changes nothing.
+  try {
+    SqliteStore::restore_from(backup, db);
+    ADD_FAILURE() << "a restore over a file in use must be refused";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("has it open"), std::string::npos) << e.what();
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  ASSERT_TRUE(std::filesystem::exists(db + "-wal")) << "the crash left its WAL behind";
+  ASSERT_GT(std::filesystem::file_size(db + "-wal"), 0u);
+
+  SqliteStore::restore_from(backup, db);
+  bool moved_aside = false;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.file("")))
+    moved_aside |= entry.path().filename().string().starts_with("idemgate.db-wal.stale-");
+  EXPECT_TRUE(moved_aside) << "the stale WAL is kept aside, not replayed";
+
+  SqliteStore restored(db);
+  auto raw = open_raw(db);
+  EXPECT_EQ(text(raw.get(), "PRAGMA integrity_check"), "ok");
+  int duplicates = 0;
+  for (int i = 0; i < backed_up; ++i) {
+    const Reservation r = reserve(restored, event(i));
+    if (r.kind == Reservation::Kind::existing && r.status == RecordStatus::committed) ++duplicates;
+  }
+  EXPECT_EQ(duplicates, backed_up) << "every event in the backup is a duplicate after the restore";
+  EXPECT_EQ(reserve(restored, event(backed_up)).kind, Reservation::Kind::acquired)
+      << "events after the backup are new to the restored log";
+}
+
+TEST(SqliteStore, RestoreRefusesADamagedBackupAndChangesNothing) {
+  TempDir dir;
+  const std::string db = dir.file("idemgate.db");
+  const std::string backup = dir.file("backup.db");
+  {
+    SqliteStore store(db);
+    store.migrate();
+    (void)reserve(store, idemgate::derive_key("kept", "1"));
+    store.backup_to(backup);
+  }
+  {
+    std::fstream file(backup, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(4096);
+    for (int i = 0; i < 4096; ++i) file.put(static_cast<char>(i * 31 % 256));
+  }
+  EXPECT_THROW(SqliteStore::restore_from(backup, db), StoreError);
+  EXPECT_THROW(SqliteStore::restore_from(dir.file("missing.db"), db), StoreError);
+  EXPECT_THROW(SqliteStore::restore_from(db, db), std::invalid_argument);
+  SqliteStore store(db);
+  EXPECT_EQ(reserve(store, idemgate::derive_key("kept", "1")).kind, Reservation::Kind::existing);
+}
+
+// --- the smaller ones --------------------------------------------------------------------------
+
+namespace {
+
+/// The log as a version before `duplicates` and `attempts` created it, with one committed event.
+void create_old_log(const std::string& path, const Key& old) {
+  auto raw = open_raw(path);
+  sq::exec(raw.get(),
+           "CREATE TABLE idemgate_log (key BLOB NOT NULL PRIMARY KEY CHECK (typeof(key) = "
+           "'blob' AND length(key) = 32), status TEXT NOT NULL CHECK (status IN ('in_flight', "
+           "'committed', 'failed', 'escalated')), fence INTEGER NOT NULL DEFAULT 1 CHECK "
+           "(fence > 0), lease_until INTEGER NOT NULL, fingerprint BLOB NOT NULL CHECK "
+           "(typeof(fingerprint) = 'blob' AND length(fingerprint) = 32), request BLOB NOT "
+           "NULL, result BLOB, reason TEXT, created_at INTEGER NOT NULL, updated_at INTEGER "
+           "NOT NULL, CHECK (status <> 'committed' OR result IS NOT NULL))");
+  const auto now = sq::to_micros(std::chrono::system_clock::now());
+  sq::exec(raw.get(),
+           "INSERT INTO idemgate_log (key, status, fence, lease_until, fingerprint, request, "
+           "result, created_at, updated_at) VALUES (?, 'committed', 1, ?, ?, 'request', "
+           "'slot-1', ?, ?)",
+           old, now,
+           idemgate::SqliteBlob{std::string_view(reinterpret_cast<const char*>(fingerprint.data()),
+                                                 fingerprint.size())},
+           now, now);
+}
+
+}  // namespace
+
+TEST(SqliteStore, ALogMissingAColumnSaysToCallMigrateUntilItIsCalled) {
+  TempDir dir;
+  const std::string path = dir.file("old.db");
+  const Key old = idemgate::derive_key("old", "1");
+  create_old_log(path, old);
+  SqliteStore store(path);
+  const auto says_migrate = [](auto&& call) {
+    try {
+      call();
+    } catch (const StoreError& e) {
+      return std::string(e.what()).find("call SqliteStore::migrate()") != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(says_migrate([&] { (void)reserve(store, idemgate::derive_key("new", "1")); }));
+  EXPECT_TRUE(says_migrate([&] { (void)store.find(old); }));
+  EXPECT_TRUE(says_migrate([&] { (void)store.take_stale(10, 0s, 1min); }));
+  store.migrate();
+  const auto row = store.find(old);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->attempts, 1) << "rows of the earlier log count their one attempt";
+  EXPECT_EQ(row->duplicates, 0);
+  EXPECT_EQ(reserve(store, idemgate::derive_key("new", "1")).kind, Reservation::Kind::acquired);
+}
+
+TEST(SqliteStore, AReadOnlyWalIsRefusedWhenTheStoreOpens) {
+  TempDir dir;
+  const std::string path = dir.file("readonly.db");
+  {
+    SqliteStore store(path);
+    store.migrate();
+  }
+  // Another connection keeps the file open, so its -wal stays; this process may not write it.
+  auto holder = open_raw(path);
+  ASSERT_EQ(text(holder.get(), "PRAGMA journal_mode"), "wal");
+  sq::exec(holder.get(), "CREATE TABLE IF NOT EXISTS touch (x)");
+  ASSERT_TRUE(std::filesystem::exists(path + "-wal"));
+  namespace fs = std::filesystem;
+  fs::permissions(dir.file(""), fs::perms::all);
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                            fs::perms::group_write | fs::perms::others_read |
+                            fs::perms::others_write);
+  fs::permissions(path + "-shm", fs::perms::owner_read | fs::perms::owner_write |
+                                     fs::perms::group_read | fs::perms::group_write |
+                                     fs::perms::others_read | fs::perms::others_write);
+  fs::permissions(path + "-wal",
+                  fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Permissions do not bind root: run as an ordinary user.
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(4);
+    try {
+      SqliteStore store(path);
+      ::_exit(1);  // opened: it would fail only at the first write
+    } catch (const StoreError& e) {
+      ::_exit(std::string(e.what()).find("read-only") != std::string::npos ? 0 : 2);
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "1: the store opened; 2: the error does not say read-only; 3: another error; 4: could "
+         "not drop privileges";
+}
+
+TEST(SqliteStore, DurationMaxMeansForeverAndNeverWraps) {
+  Fixture f;
+  const Key done = idemgate::derive_key("forever", "done");
+  const Reservation d = reserve(f.store, done);
+  ASSERT_EQ(f.store.commit(done, d.fence, "slot", [](SqliteTransaction&) {}),
+            CommitStatus::committed);
+  EXPECT_EQ(f.store.purge(std::chrono::seconds::max(), 100), 0u) << "keep forever deletes nothing";
+  EXPECT_TRUE(f.store.find(done).has_value());
+
+  const Key released = idemgate::derive_key("forever", "released");
+  ASSERT_TRUE(f.store.release(released, reserve(f.store, released).fence));
+  EXPECT_TRUE(f.store.take_stale(10, std::chrono::milliseconds::max(), 1min).empty())
+      << "a row is never stale after forever";
+
+  const Key held = idemgate::derive_key("forever", "held");
+  ASSERT_EQ(reserve(f.store, held, std::chrono::milliseconds::max()).kind,
+            Reservation::Kind::acquired);
+  EXPECT_EQ(f.store.find(held)->lease_until, std::chrono::system_clock::time_point::max())
+      << "a lease of max() runs forever";
+  EXPECT_EQ(reserve(f.store, held).kind, Reservation::Kind::existing) << "and is never taken over";
+
+  const auto taken = f.store.take_stale(10, 0s, std::chrono::milliseconds::max());
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(f.store.find(released)->lease_until, std::chrono::system_clock::time_point::max());
+
+  const StoreSignals s = f.store.signals(std::chrono::seconds::max());
+  EXPECT_EQ(s.events, 3 + 1) << "a window of max() covers every event (and its duplicate)";
+}
+
+TEST(SqliteStore, OptionsOutOfRangeAreRefusedNamingTheOption) {
+  TempDir dir;
+  const std::string path = dir.file("options.db");
+  const auto refused = [&](SqliteOptions options, const std::string& name) {
+    try {
+      SqliteStore store(path, std::move(options));
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what()).find(name) != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused({.busy_timeout = -1ms}, "SqliteOptions::busy_timeout"));
+  EXPECT_TRUE(
+      refused({.busy_timeout = std::chrono::milliseconds::max()}, "SqliteOptions::busy_timeout"));
+  EXPECT_TRUE(refused({.wal_size_limit = 0}, "SqliteOptions::wal_size_limit"));
+  EXPECT_TRUE(refused({.wal_size_limit = std::size_t{1} << 50}, "SqliteOptions::wal_size_limit"));
+  EXPECT_FALSE(std::filesystem::exists(path)) << "nothing is opened for refused options";
+  SqliteStore store(path, {.busy_timeout = 0ms, .wal_size_limit = 64 << 10});
+  EXPECT_EQ(store.wal_size_limit(), std::size_t{64} << 10);
+}
+
+// --- attempts and re-driving failed rows -------------------------------------------------------
+
+TEST(SqliteStore, AttemptsCountEveryHolderAndRetryingRowsAreASignal) {
+  Fixture f;
+  const Key key = idemgate::derive_key("attempts", "1");
+  const Reservation first = reserve(f.store, key);
+  EXPECT_EQ(f.store.find(key)->attempts, 1);
+  ASSERT_TRUE(f.store.release(key, first.fence));
+  EXPECT_EQ(f.store.signals(1h).retrying, 0);
+  ASSERT_EQ(reserve(f.store, key).kind, Reservation::Kind::taken_over);
+  EXPECT_EQ(f.store.find(key)->attempts, 2);
+  EXPECT_EQ(f.store.signals(1h).retrying, 1);
+  ASSERT_TRUE(f.store.release(key, 2));
+  const auto taken = f.store.take_stale(10, 0s, 1min);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].attempts, 3);
+  EXPECT_EQ(count(f.db, "SELECT attempts FROM idemgate_log"), 3);
+  ASSERT_EQ(f.store.commit(key, taken[0].fence, "slot", [](SqliteTransaction&) {}),
+            CommitStatus::committed);
+  EXPECT_EQ(f.store.signals(1h).retrying, 0) << "only in-flight rows are retrying";
+}
+
+TEST(SqliteStore, RedrivingFailedRowsHandsThemToTheNextDeliveryOrTheReconciler) {
+  Fixture f;
+  const auto failed = [&](const std::string& name) {
+    const Key key = idemgate::derive_key("redrive", name);
+    const Reservation r = reserve(f.store, key);
+    EXPECT_EQ(f.store.fail(key, r.fence, "422 unknown container"), CommitStatus::committed);
+    return key;
+  };
+  const Key by_key = failed("by key");
+  EXPECT_EQ(f.store.redrive_failed(by_key), 1u);
+  EXPECT_EQ(f.store.redrive_failed(by_key), 0u) << "only failed rows are re-driven";
+  const auto row = f.store.find(by_key);
+  EXPECT_EQ(row->status, RecordStatus::in_flight);
+  EXPECT_EQ(row->fence, 2);
+  EXPECT_EQ(row->attempts, 2);
+  EXPECT_EQ(row->reason, "");
+  EXPECT_LT(row->lease_until, std::chrono::system_clock::now());
+  const Reservation next = reserve(f.store, by_key);
+  EXPECT_EQ(next.kind, Reservation::Kind::taken_over);
+  EXPECT_EQ(next.fence, 3);
+
+  const auto before = std::chrono::system_clock::now() - 1s;
+  const Key in_range = failed("in range");
+  const Key also = failed("also in range");
+  const auto after = std::chrono::system_clock::now() + 1s;
+  EXPECT_EQ(f.store.redrive_failed(after, after + 1h, 10), 0u) << "outside [from, to)";
+  EXPECT_EQ(f.store.redrive_failed(before, after, 1), 1u) << "at most limit rows";
+  EXPECT_EQ(f.store.redrive_failed(before, after, 10), 1u);
+  const auto stale = f.store.take_stale(10, 0s, 1min);
+  std::set<Key> taken;
+  for (const auto& s : stale) taken.insert(s.key);
+  EXPECT_EQ(taken, (std::set<Key>{in_range, also})) << "the reconciler takes re-driven rows";
+  for (const auto& s : stale) EXPECT_EQ(s.attempts, 3);
+}
+
+TEST(SqliteStore, RestoreReplacesAFileThatIsNotADatabaseAnyMore) {
+  TempDir dir;
+  const std::string db = dir.file("idemgate.db");
+  const std::string backup = dir.file("backup.db");
+  const Key kept = idemgate::derive_key("garbage", "kept");
+  {
+    SqliteStore store(db);
+    store.migrate();
+    (void)reserve(store, kept);
+    store.backup_to(backup);
+  }
+  std::ofstream(db, std::ios::binary | std::ios::trunc) << std::string(8192, '\x5a');
+  EXPECT_THROW(SqliteStore{db}, StoreError) << "the damaged file is refused";
+  SqliteStore::restore_from(backup, db);
+  SqliteStore store(db);
+  const Reservation again = reserve(store, kept);
+  EXPECT_EQ(again.kind, Reservation::Kind::existing);
+  EXPECT_EQ(again.status, RecordStatus::in_flight);
 }

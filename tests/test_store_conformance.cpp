@@ -20,6 +20,8 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -119,6 +121,20 @@ struct SqliteTraits {
     idemgate::detail::sqlite::exec(reader.get(),
                                    "CREATE TABLE bookings (id INTEGER PRIMARY KEY, source_event "
                                    "BLOB NOT NULL, note TEXT NOT NULL)");
+    // A trigger that rolls the whole transaction back, as a business rule might.
+    idemgate::detail::sqlite::exec(reader.get(), "CREATE TABLE tripwire (x INTEGER)");
+    idemgate::detail::sqlite::exec(reader.get(),
+                                   "CREATE TRIGGER tripwire_rolls_back BEFORE INSERT ON tripwire "
+                                   "BEGIN SELECT RAISE(ROLLBACK, 'tripwire'); END");
+  }
+
+  /// Runs the statement that ends the whole transaction; the business write catches its error.
+  void break_transaction(Store::transaction& tx) {
+    try {
+      tx.exec("INSERT INTO tripwire VALUES (1)");
+    } catch (const std::exception&) {
+      // swallowed, as a careless business write would
+    }
   }
   void tear_down() {
     store.reset();
@@ -179,6 +195,16 @@ struct PostgresTraits {
     namespace pq = idemgate::detail::pq;
     pq::exec_params(tx, "INSERT INTO " + bookings + " (source_event, note) VALUES ($1::bytea, $2)",
                     pq::bytea_param(key.view()), std::string("booked"));
+  }
+
+  /// Runs a statement that fails, which ends a libpqxx transaction; the business write catches
+  /// its error.
+  void break_transaction(Store::transaction& tx) {
+    try {
+      idemgate::detail::pq::exec(tx, "SELECT 1 / 0");
+    } catch (const std::exception&) {
+      // swallowed, as a careless business write would
+    }
   }
   std::int64_t business_rows() {
     return idemgate::test::pg_count("SELECT count(*) FROM " + bookings);
@@ -1025,4 +1051,173 @@ TYPED_TEST(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerC
     EXPECT_EQ(row->status, RecordStatus::committed) << n.notification_id;
     EXPECT_EQ(this->traits_.business_rows_for(key), 1) << n.notification_id;
   }
+}
+
+// =============================================================================================
+// Attempts, retrying rows and re-driving failed rows: the calls every store shares.
+// A store without `redrive_failed` yet fails the re-drive cases (instead of not compiling).
+// =============================================================================================
+
+namespace {
+
+template <class Store>
+constexpr bool can_redrive = requires(Store& s, const Key& key,
+                                      std::chrono::system_clock::time_point at, std::size_t n) {
+  { s.redrive_failed(key) } -> std::same_as<std::size_t>;
+  { s.redrive_failed(at, at, n) } -> std::same_as<std::size_t>;
+};
+
+}  // namespace
+
+TYPED_TEST(StoreConformance, AttemptsStartAtOneAndGrowWithEveryTakeover) {
+  const Key key = key_of("attempts");
+  const Reservation r = this->reserve(key);
+  ASSERT_EQ(r.kind, Reservation::Kind::acquired);
+  EXPECT_EQ(this->store().find(key)->attempts, 1);
+  EXPECT_EQ(this->reserve(key).kind, Reservation::Kind::existing);
+  EXPECT_EQ(this->store().find(key)->attempts, 1) << "a duplicate is not an attempt";
+  ASSERT_TRUE(this->store().release(key, r.fence));
+  const Reservation second = this->reserve(key);
+  ASSERT_EQ(second.kind, Reservation::Kind::taken_over);
+  EXPECT_EQ(this->store().find(key)->attempts, 2);
+  this->traits_.advance(2min);
+  const std::vector<Stranded> taken = this->store().take_stale(10, 0s, 1min);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].attempts, 3);
+  EXPECT_EQ(this->store().find(key)->attempts, 3);
+}
+
+TYPED_TEST(StoreConformance, RetryingCountsInFlightRowsHeldMoreThanOnce) {
+  const Key fresh = key_of("retrying", 0), retried = key_of("retrying", 1),
+            finished = key_of("retrying", 2);
+  ASSERT_EQ(this->reserve(fresh).kind, Reservation::Kind::acquired);
+  for (const Key& key : {retried, finished}) {
+    const Reservation r = this->reserve(key);
+    ASSERT_TRUE(this->store().release(key, r.fence));
+    ASSERT_EQ(this->reserve(key).kind, Reservation::Kind::taken_over);
+  }
+  ASSERT_EQ(this->store().commit(finished, 2, "slot", this->writer(finished)),
+            CommitStatus::committed);
+  const StoreSignals s = this->store().signals(1h);
+  EXPECT_EQ(s.in_flight, 2);
+  EXPECT_EQ(s.retrying, 1) << "in flight and held more than once: only the retried row";
+}
+
+TYPED_TEST(StoreConformance, ARedrivenFailedRowIsTakenOverByTheNextReservation) {
+  if constexpr (!can_redrive<typename TypeParam::Store>) {
+    FAIL() << "this store has no redrive_failed(key) and redrive_failed(from, to, limit) yet";
+  } else {
+    const Key key = key_of("redrive-next");
+    const Reservation r = this->reserve(key);
+    ASSERT_EQ(this->store().fail(key, r.fence, "422 unknown container"), CommitStatus::committed);
+    EXPECT_EQ(this->store().redrive_failed(key_of("redrive-unknown")), 0u);
+    EXPECT_EQ(this->store().redrive_failed(key), 1u);
+    EXPECT_EQ(this->store().redrive_failed(key), 0u) << "only failed rows are re-driven";
+    const auto row = this->store().find(key);
+    ASSERT_TRUE(row.has_value());
+    EXPECT_EQ(row->status, RecordStatus::in_flight);
+    EXPECT_EQ(row->fence, 2);
+    EXPECT_EQ(row->attempts, 2);
+    EXPECT_EQ(row->reason, "");
+    const Reservation again = this->reserve(key);
+    EXPECT_EQ(again.kind, Reservation::Kind::taken_over) << "the lease of a re-driven row ended";
+    EXPECT_EQ(again.fence, 3);
+    EXPECT_EQ(this->store().find(key)->attempts, 3);
+    EXPECT_EQ(this->store().fail(key, r.fence, "late"), CommitStatus::lost_lease)
+        << "the fence of the failed attempt no longer holds";
+    EXPECT_EQ(this->store().commit(key, again.fence, "slot", this->writer(key)),
+              CommitStatus::committed);
+    EXPECT_EQ(this->traits_.business_rows_for(key), 1);
+  }
+}
+
+TYPED_TEST(StoreConformance, ARedrivenFailedRowIsTakenByTheReconciler) {
+  if constexpr (!can_redrive<typename TypeParam::Store>) {
+    FAIL() << "this store has no redrive_failed(key) and redrive_failed(from, to, limit) yet";
+  } else {
+    const Key key = key_of("redrive-reconciler");
+    const Reservation r = this->reserve(key);
+    ASSERT_EQ(this->store().fail(key, r.fence, "422"), CommitStatus::committed);
+    EXPECT_TRUE(this->store().take_stale(10, 0s, 1min).empty()) << "a failed row is not stale";
+    ASSERT_EQ(this->store().redrive_failed(key), 1u);
+    const std::vector<Stranded> taken = this->store().take_stale(10, 0s, 1min);
+    ASSERT_EQ(taken.size(), 1u);
+    EXPECT_EQ(taken[0].key, key);
+    EXPECT_EQ(taken[0].fence, 3);
+    EXPECT_EQ(taken[0].attempts, 3);
+    EXPECT_EQ(taken[0].request, "request");
+  }
+}
+
+TYPED_TEST(StoreConformance, RedrivingByTimeTakesFailedRowsInTheRangeUpToTheLimit) {
+  if constexpr (!can_redrive<typename TypeParam::Store>) {
+    FAIL() << "this store has no redrive_failed(key) and redrive_failed(from, to, limit) yet";
+  } else {
+    for (int i = 0; i < 3; ++i) this->settled(key_of("redrive-range", i), RecordStatus::failed);
+    this->settled(key_of("redrive-range", 3), RecordStatus::committed);
+    this->settled(key_of("redrive-range", 4), RecordStatus::escalated);
+    const auto now = std::chrono::system_clock::now();
+    EXPECT_EQ(this->store().redrive_failed(now + 1h, now + 2h, 10), 0u) << "[from, to) excludes";
+    EXPECT_EQ(this->store().redrive_failed(now - 1h, now + 1h, 2), 2u) << "at most limit rows";
+    EXPECT_EQ(this->store().redrive_failed(now - 1h, now + 1h, 10), 1u);
+    EXPECT_EQ(this->store().redrive_failed(now - 1h, now + 1h, 10), 0u);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(this->status_of(key_of("redrive-range", i)), RecordStatus::in_flight) << i;
+    EXPECT_EQ(this->status_of(key_of("redrive-range", 3)), RecordStatus::committed);
+    EXPECT_EQ(this->status_of(key_of("redrive-range", 4)), RecordStatus::escalated);
+    EXPECT_EQ(this->store().signals(1h).retrying, 3);
+  }
+}
+
+// --- Stores with an SQL transaction: a business write that breaks it
+// ------------------------------
+
+/// The stores whose business write runs SQL in the store's transaction (the memory store's
+/// transaction only stages effects; nothing can end it early).
+template <class Traits>
+class SqlStoreConformance : public StoreConformance<Traits> {
+ protected:
+  /// Books, breaks the transaction (first, in the middle or last) and books again.
+  auto breaking_writer(const Key& key, int where) {
+    return [this, key, where](auto& tx) {
+      if (where == 0) this->traits_.break_transaction(tx);
+      this->traits_.write_business(tx, key);
+      if (where == 1) this->traits_.break_transaction(tx);
+      this->traits_.write_business(tx, key);
+      if (where == 2) this->traits_.break_transaction(tx);
+    };
+  }
+};
+
+using SqlStores = ::testing::Types<SqliteTraits, PostgresTraits>;
+TYPED_TEST_SUITE(SqlStoreConformance, SqlStores);
+
+TYPED_TEST(SqlStoreConformance, ABusinessWriteThatBreaksTheTransactionNeverCommitsTheLog) {
+  for (int where = 0; where < 3; ++where) {
+    const Key key = key_of("broken", where);
+    const Reservation r = this->reserve(key);
+    EXPECT_THROW(
+        (void)this->store().commit(key, r.fence, "slot", this->breaking_writer(key, where)),
+        idemgate::BusinessWriteError)
+        << "where " << where;
+    EXPECT_EQ(this->status_of(key), RecordStatus::in_flight) << "where " << where;
+    // The log is never committed without the whole business write: nothing of it here, or (with
+    // libpqxx, whose failed statement ended the transaction) only statements that ran outside
+    // it after the error — never the log row.
+    EXPECT_FALSE(this->store().find(key)->result.has_value()) << "where " << where;
+    EXPECT_EQ(this->store().commit(key, r.fence, "slot", this->writer(key)),
+              CommitStatus::committed)
+        << "a business write that keeps to its transaction commits under the same fence";
+  }
+}
+
+TYPED_TEST(SqlStoreConformance, AResolveWhoseBusinessWriteBreaksTheTransactionStaysEscalated) {
+  const Key key = key_of("broken-resolve");
+  const Reservation r = this->reserve(key);
+  ASSERT_EQ(this->store().escalate(key, r.fence, "by hand"), CommitStatus::committed);
+  EXPECT_THROW((void)this->store().resolve(key, "slot", this->breaking_writer(key, 1)),
+               idemgate::BusinessWriteError);
+  EXPECT_EQ(this->status_of(key), RecordStatus::escalated);
+  EXPECT_TRUE(this->store().resolve(key, "slot", this->writer(key)));
+  EXPECT_EQ(this->status_of(key), RecordStatus::committed);
 }

@@ -80,6 +80,9 @@ inline void metric(std::string& out, std::string_view name, std::string_view typ
   detail::metric(out, "idemgate_escalated_rows", "gauge",
                  "Rows parked in the manual queue for a human.",
                  static_cast<double>(signals.escalated));
+  detail::metric(out, "idemgate_retrying_rows", "gauge",
+                 "In-flight rows held by more than one attempt (growing: poison rows).",
+                 static_cast<double>(signals.retrying));
   detail::metric(out, "idemgate_result_mismatch_keys", "gauge",
                  "Keys for which the downstream returned more than one distinct result, in the "
                  "window (healthy: 0).",
@@ -87,6 +90,10 @@ inline void metric(std::string& out, std::string_view name, std::string_view typ
   detail::metric(out, "idemgate_result_mismatch_total", "counter",
                  "Downstream answers that differed from the stored result, ever recorded.",
                  static_cast<double>(signals.mismatches_total));
+  if (signals.wal_bytes)
+    detail::metric(out, "idemgate_wal_bytes", "gauge",
+                   "Size of the store's write-ahead log file (SQLite), in bytes.",
+                   static_cast<double>(*signals.wal_bytes));
   return out;
 }
 

@@ -130,7 +130,7 @@ struct Record {
   /// How many later reservations met this key (duplicates, replays, in-flight collisions).
   std::int64_t duplicates = 0;
   /// How many attempts held this event: 1 for the first reservation, plus one for every
-  /// takeover (a redelivery after an expired lease, a reconciler pass).
+  /// takeover (a redelivery after an expired lease, a reconciler pass) and re-drive.
   std::int64_t attempts = 0;
 };
 

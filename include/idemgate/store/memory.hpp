@@ -318,6 +318,7 @@ class MemoryStore {
   void redrive(Record& row) {
     row.status = RecordStatus::in_flight;
     ++row.fence;
+    ++row.attempts;
     row.reason.clear();
     row.lease_until = std::chrono::system_clock::time_point{};
     row.updated_at = clock_();

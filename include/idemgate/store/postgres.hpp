@@ -712,9 +712,10 @@ class PostgresStore {
                " AS log SET lease_until = now() + $3::bigint * interval '1 millisecond'"
                " FROM unnest($1::bytea[], $2::bigint[]) AS v(key, fence)"
                " WHERE log.key = v.key AND log.fence = v.fence AND log.status = 'in_flight'";
-    const std::string redrive = "UPDATE " + t +
-                                " SET status = 'in_flight', fence = fence + 1, reason = NULL,"
-                                " lease_until = 'epoch', updated_at = now()";
+    const std::string redrive =
+        "UPDATE " + t +
+        " SET status = 'in_flight', fence = fence + 1, attempts = attempts + 1,"
+        " reason = NULL, lease_until = 'epoch', updated_at = now()";
     s.redrive_key = redrive + " WHERE key = $1::bytea AND status = 'failed'";
     s.redrive_range =
         redrive + " WHERE key IN (SELECT key FROM " + t +

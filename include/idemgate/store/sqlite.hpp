@@ -1,25 +1,31 @@
 #pragma once
 
 #include "../concepts.hpp"
+#include "../detail/durations.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
 
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
@@ -41,9 +47,18 @@ struct SqliteOptions {
 
   /// The idempotency log's table: letters, digits and underscores (SQLite has no schemas).
   std::string table = "idemgate_log";
-  /// How long a call waits for another connection's write transaction (in this process or
-  /// another) before it throws `StoreError`. Writes are short, so a few seconds is plenty.
+  /// The longest any call waits, in all: for another thread's call on the same store, then for
+  /// another connection's or process's write transaction. Past it the call throws `StoreError`
+  /// ("do not ack"), naming what held the store. Writes take milliseconds, so a few seconds is
+  /// plenty. Between 0 ms and 1 hour.
   std::chrono::milliseconds busy_timeout = std::chrono::seconds(5);
+  /// The size the write-ahead log (`<file>-wal`) is kept to, in bytes. SQLite checkpoints the
+  /// WAL into the database as it goes, but readers in other connections can keep it from
+  /// starting over; once it passes this size the store runs a truncating checkpoint, and SQLite
+  /// cuts the file back to this size whenever it starts over (`journal_size_limit`). Only a
+  /// read transaction held open for long keeps the WAL above it (see `StoreSignals::wal_bytes`).
+  /// Between 64 KiB and 1 TiB.
+  std::size_t wal_size_limit = std::size_t{64} << 20;
   /// Injected clock for tests (expire leases without sleeping); empty means the system clock.
   Clock clock = {};
 };
@@ -57,22 +72,30 @@ class Error : public StoreError {
   Error(int code, const std::string& message) : StoreError(message), code_(code) {}
   /// SQLite's extended result code.
   [[nodiscard]] int code() const noexcept { return code_; }
-  /// Whether another connection held a lock: the work may be tried again.
-  [[nodiscard]] bool busy() const noexcept {
-    return (code_ & 0xff) == SQLITE_BUSY || (code_ & 0xff) == SQLITE_LOCKED;
-  }
+  /// Whether another connection held the database: the work may be tried again.
+  /// `SQLITE_LOCKED` is not: without a shared cache it comes from this very connection (a
+  /// statement still running), and waiting cannot end it.
+  [[nodiscard]] bool busy() const noexcept { return (code_ & 0xff) == SQLITE_BUSY; }
 
  private:
   int code_;
 };
+
+/// What to do about a damaged file or one that is not a database.
+inline constexpr std::string_view restore_advice =
+    "The file is not an SQLite database or is damaged: restore it from a backup. Stop every "
+    "process that uses the file first, then call SqliteStore::restore_from(backup, path), which "
+    "moves the stale -wal and -shm files aside and copies the backup in with SQLite's backup API. "
+    "Restoring by hand, move the file's -wal and -shm files aside before copying the backup in "
+    "place: SQLite would replay a stale -wal onto the restored file, bringing back old pages "
+    "(events then reserved as new) and damaging it. Or point the store at a new file.";
 
 /// What to do about an SQLite error, for messages.
 inline std::string advice(int code, std::string_view message) {
   switch (code & 0xff) {
     case SQLITE_NOTADB:
     case SQLITE_CORRUPT:
-      return "The file is not an SQLite database or is damaged: restore it from a backup, or "
-             "point the store at a new file.";
+      return std::string(restore_advice);
     case SQLITE_FULL:
       return "The disk is full: free space; nothing was written.";
     case SQLITE_READONLY:
@@ -85,12 +108,26 @@ inline std::string advice(int code, std::string_view message) {
              "in it.";
     case SQLITE_IOERR:
       return "The disk reported an I/O error: check the disk and the filesystem.";
+    case SQLITE_LOCKED:
+      return "A statement of this same connection is still running (one the business write "
+             "prepared through tx.db() and did not reset or finalize): reset or finalize every "
+             "statement before the business write returns. Waiting cannot help; nothing was "
+             "written.";
     case SQLITE_CONSTRAINT:
+      if (code == SQLITE_CONSTRAINT_COMMITHOOK)
+        return "The store refused a commit made inside the business write: the business rows "
+               "commit only with the store's own COMMIT, together with the log row. Do not "
+               "COMMIT, ROLLBACK or BEGIN in the business write; nothing was written.";
       return "A constraint refused the row: fix the statement or the data; nothing was written.";
     case SQLITE_ERROR:
       if (message.starts_with("no such table"))
         return "A table is missing: for the idempotency log, call SqliteStore::migrate() once "
                "(or apply SqliteStore::schema_sql()); for a business table, create it.";
+      if (message.starts_with("no such column") ||
+          message.find("has no column named") != std::string_view::npos)
+        return "A column is missing: a log made by an earlier version lacks a column this version "
+               "needs, so call SqliteStore::migrate() once (it adds them and keeps every row); "
+               "for a business table, add the column. Nothing was written.";
       break;
     default:
       break;
@@ -314,12 +351,28 @@ inline std::string checked_table_name(std::string table) {
   return table;
 }
 
+/// Microseconds since the epoch, clamped instead of overflowing.
 inline std::int64_t to_micros(std::chrono::system_clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  return idemgate::detail::saturating_micros(t.time_since_epoch());
 }
 
-inline std::int64_t to_micros(std::chrono::milliseconds d) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+/// Microseconds since the epoch, as a time point the saturating helpers work on.
+using MicrosPoint = std::chrono::time_point<std::chrono::system_clock, std::chrono::microseconds>;
+
+/// `at + d` in microseconds since the epoch; `duration::max()` gives the latest instant.
+template <class Rep, class Period>
+std::int64_t later(std::int64_t at, std::chrono::duration<Rep, Period> d) {
+  return idemgate::detail::saturating_add(MicrosPoint(std::chrono::microseconds(at)), d)
+      .time_since_epoch()
+      .count();
+}
+
+/// `at - d` in microseconds since the epoch; `duration::max()` gives the earliest instant.
+template <class Rep, class Period>
+std::int64_t earlier(std::int64_t at, std::chrono::duration<Rep, Period> d) {
+  return idemgate::detail::saturating_sub(MicrosPoint(std::chrono::microseconds(at)), d)
+      .time_since_epoch()
+      .count();
 }
 
 /// The lease end of a released row: before every instant the clock can give.
@@ -345,13 +398,157 @@ inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
 
 class SqliteStore;
 
+namespace detail::sqlite {
+
+/// Why a business write can no longer write: the store's transaction ended under it.
+inline std::string ended_transaction(std::string_view sql, bool ran) {
+  return "idemgate: the business write's statement \"" + std::string(sql) +
+         (ran ? "\" ended the store's transaction. A statement of the business write ended it"
+              : "\" was refused: the store's transaction is no longer open. An earlier "
+                "statement of the business write ended it") +
+         ", either by itself (BEGIN, COMMIT, ROLLBACK, END) or by failing with an error after "
+         "which SQLite rolls the whole transaction back (a trigger's RAISE(ROLLBACK), ON CONFLICT "
+         "ROLLBACK or OR ROLLBACK, an interrupt, a full disk, an I/O error, out of memory) that "
+         "the business write caught and went on from. Outside the transaction a statement would "
+         "commit on its own, without the log row, so the store refuses it and vetoes every "
+         "commit until the business write returns. Nothing was committed; let such errors "
+         "propagate from the business write.";
+}
+
+/// Opens a connection of its own on `path` with `flags`; throws `StoreError` saying `doing`.
+inline Connection open_connection(const std::string& path, int flags, std::string_view doing) {
+  sqlite3* raw = nullptr;
+  const int code = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+  Connection connection(raw);
+  if (code != SQLITE_OK) raise(raw, code, doing);
+  sqlite3_extended_result_codes(raw, 1);
+  return connection;
+}
+
+/// Writes a consistent copy of `source`'s main database to `destination` with SQLite's backup
+/// API: first to `<destination>.partial`, then renamed over `destination`.
+inline void copy_database(sqlite3* source, const std::string& destination) {
+  const std::string partial = destination + ".partial";
+  std::error_code ignored;
+  std::filesystem::remove(partial, ignored);
+  {
+    Connection copy = open_connection(partial, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
+                                      "opening the copy " + partial);
+    sqlite3_backup* backup = sqlite3_backup_init(copy.get(), "main", source, "main");
+    if (backup == nullptr) raise(copy.get(), sqlite3_extended_errcode(copy.get()), "copying");
+    // One step copies every page under one read transaction: a consistent snapshot, while
+    // writers in other connections go on.
+    const int stepped = sqlite3_backup_step(backup, -1);
+    const int finished = sqlite3_backup_finish(backup);
+    if (stepped != SQLITE_DONE || finished != SQLITE_OK) {
+      const int code = finished != SQLITE_OK ? sqlite3_extended_errcode(copy.get()) : stepped;
+      const std::string message = message_of(copy.get(), code);
+      copy.reset();
+      std::filesystem::remove(partial, ignored);
+      throw Error(code, "idemgate: SQLite failed while copying the database to " + destination +
+                            ": " + message + ". " + advice(code, message));
+    }
+  }
+  std::error_code renamed;
+  std::filesystem::rename(partial, destination, renamed);
+  if (renamed)
+    throw StoreError("idemgate: cannot move the finished copy " + partial + " to " + destination +
+                     ": " + renamed.message() +
+                     ". Check that this process may write the directory.");
+}
+
+/// Holds an exclusive lock on a database file through SQLite's own file layer, so that no other
+/// connection (in this process or another) can be using the file meanwhile.
+class ExclusiveFile {
+ public:
+  /// Locks the file at `path`; false from `locked()` when a connection has it open.
+  explicit ExclusiveFile(const std::string& path)
+      : connection_(open_connection(path, SQLITE_OPEN_READWRITE, "opening " + path)) {
+    sqlite3_file_control(connection_.get(), "main", SQLITE_FCNTL_FILE_POINTER, &file_);
+    if (file_ == nullptr || file_->pMethods == nullptr) return;
+    // A connection in WAL mode holds a shared lock on the database file as long as it is open,
+    // so an exclusive lock is granted only when nobody else has it open.
+    if (file_->pMethods->xLock(file_, SQLITE_LOCK_SHARED) != SQLITE_OK) return;
+    shared_ = true;
+    locked_ = file_->pMethods->xLock(file_, SQLITE_LOCK_EXCLUSIVE) == SQLITE_OK;
+  }
+  ExclusiveFile(const ExclusiveFile&) = delete;
+  ExclusiveFile& operator=(const ExclusiveFile&) = delete;
+  ~ExclusiveFile() {
+    if (shared_) file_->pMethods->xUnlock(file_, SQLITE_LOCK_NONE);
+  }
+  /// Whether the lock is held.
+  [[nodiscard]] bool locked() const noexcept { return locked_; }
+
+ private:
+  Connection connection_;
+  sqlite3_file* file_ = nullptr;
+  bool shared_ = false;
+  bool locked_ = false;
+};
+
+/// Replaces the database at `target` with a copy of `backup` (see `SqliteStore::restore_from`).
+inline void restore(const std::string& backup, const std::string& target) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::exists(backup, error))
+    throw StoreError("idemgate: there is no backup at " + backup +
+                     "; pass the path of a file written by SqliteStore::backup_to. Nothing was "
+                     "changed.");
+  if (fs::exists(target, error) && fs::equivalent(backup, target, error))
+    throw std::invalid_argument("idemgate: the backup and the target are the same file (" + target +
+                                "); restore from a copy kept elsewhere");
+  Connection source = open_connection(backup, SQLITE_OPEN_READONLY, "opening the backup " + backup);
+  std::string verdict;
+  {
+    Statement check(source.get(), "PRAGMA quick_check", "checking the backup " + backup);
+    check.bind("checking the backup " + backup);
+    while (check.step("checking the backup " + backup)) {
+      if (!verdict.empty()) verdict += "; ";
+      verdict += check.bytes(0);
+    }
+  }
+  if (verdict != "ok")
+    throw StoreError("idemgate: the backup at " + backup + " is damaged (" + verdict +
+                     "); restore from an older backup. Nothing was changed.");
+  std::optional<ExclusiveFile> exclusive;
+  if (fs::exists(target, error)) {
+    exclusive.emplace(target);
+    if (!exclusive->locked())
+      throw StoreError("idemgate: cannot restore " + target +
+                       ": a connection, in this process or another, has it open. Stop every "
+                       "process that uses it (and close this process's stores on it), then "
+                       "restore again. Nothing was changed.");
+  }
+  // A -wal or -shm left by the instance that used the damaged file belongs to it, not to the
+  // backup: SQLite would replay that WAL onto the restored file. Keep them aside for inspection.
+  const std::string stale = ".stale-" + std::to_string(to_micros(std::chrono::system_clock::now()));
+  for (const char* suffix : {"-wal", "-shm", "-journal"}) {
+    const std::string file = target + suffix;
+    if (!fs::exists(file, error)) continue;
+    fs::rename(file, file + stale, error);
+    if (error)
+      throw StoreError("idemgate: cannot move " + file + " aside before restoring " + target +
+                       ": " + error.message() +
+                       ". Check that this process may write the directory; the target was not "
+                       "changed.");
+  }
+  copy_database(source.get(), target);
+}
+
+}  // namespace detail::sqlite
+
 /**
  * The business write's transaction in a `SqliteStore`: the store's connection inside its open
  * `BEGIN IMMEDIATE` transaction, after the fenced status change.
  *
  * Write your business rows with `exec`, or use `db()` with the SQLite C API. Everything written
- * commits together with the outcome, or not at all. Do not BEGIN, COMMIT, ROLLBACK or call the
- * store from inside the business write.
+ * commits together with the outcome, or not at all: the store refuses to run a statement once
+ * its transaction has ended, vetoes any commit made while the business write runs, and checks
+ * before its own `COMMIT` that it is still in its own transaction with its row as it left it.
+ * Do not BEGIN, COMMIT or ROLLBACK, do not swallow SQL errors (SQLite rolls the whole
+ * transaction back after some of them), reset or finalize every statement you prepare on
+ * `db()`, and do not call the store from inside the business write.
  *
  * Example:
  *   [](idemgate::SqliteTransaction& tx, const idemgate::Key& key, const SlotRequest& r,
@@ -373,7 +570,8 @@ class SqliteTransaction {
    * changed. Parameters bind as: `std::string`, `std::string_view`, `const char*` → TEXT;
    * `SqliteBlob` and `Key` → BLOB; integers and `bool` → INTEGER; floating point → REAL;
    * `std::nullopt` → NULL; `std::optional<T>` → T or NULL. Rows a statement returns are
-   * discarded. Throws `StoreError` when SQLite refuses the statement (the commit then rolls back).
+   * discarded. Throws `StoreError` when SQLite refuses the statement (the commit then rolls
+   * back), and when the store's transaction has already ended (see the class comment).
    *
    * Example:
    *   tx.exec("INSERT INTO ledger (account, cents, memo) VALUES (?, ?, ?)", account, 1250,
@@ -381,24 +579,41 @@ class SqliteTransaction {
    */
   template <class... Args>
   std::int64_t exec(std::string_view sql, const Args&... args) {
+    require_open(sql, false);
+    std::int64_t changed = 0;
     try {
-      return detail::sqlite::exec(db_, sql, args...);
+      changed = detail::sqlite::exec(db_, sql, args...);
     } catch (const detail::sqlite::Error& e) {
       throw StoreError(std::string(e.what()) +
-                       " (the business write's statement: " + std::string(sql) + ")");
+                       " (the business write's statement: " + std::string(sql) + ")" +
+                       (sqlite3_get_autocommit(db_) != 0
+                            ? " SQLite rolled the whole transaction back after this error: let "
+                              "it propagate; the store refuses every later statement."
+                            : ""));
     }
+    require_open(sql, true);
+    return changed;
   }
 
   /// Runs a query and returns the first column of its first row as an integer; nullopt when it
   /// returns no row or NULL. Parameters bind as in `exec`.
   template <class... Args>
   std::optional<std::int64_t> query_int(std::string_view sql, const Args&... args) {
+    require_open(sql, false);
     return detail::sqlite::query_int(db_, sql, args...);
   }
 
  private:
   friend class SqliteStore;
   explicit SqliteTransaction(sqlite3* db) noexcept : db_(db) {}
+
+  // Outside a transaction every statement commits on its own: refuse it rather than let a
+  // business row commit without the log row.
+  void require_open(std::string_view sql, bool ran) const {
+    if (sqlite3_get_autocommit(db_) != 0)
+      throw BusinessWriteError(detail::sqlite::ended_transaction(sql, ran));
+  }
+
   sqlite3* db_;
 };
 
@@ -406,15 +621,21 @@ class SqliteTransaction {
  * The embedded default store: an idempotency log in one SQLite file (WAL mode).
  *
  * Durable: every write is one `BEGIN IMMEDIATE` transaction, synced before it returns
- * (`synchronous=FULL`). Thread-safe: a store owns one connection, guarded by a mutex, so calls
- * from several threads run one after another (SQLite admits one writer at a time anyway).
+ * (`synchronous=FULL`). Thread-safe: a store owns one connection, guarded by a timed lock, so
+ * calls from several threads run one after another (SQLite admits one writer at a time anyway).
  * Several stores on one file, in one process or in several, are safe: they wait for each other's
- * write transactions up to `SqliteOptions::busy_timeout` and then throw `StoreError`, never a
+ * write transactions. No call waits longer than `SqliteOptions::busy_timeout` in all (for the
+ * lock, then for the file): past it, it throws `StoreError` naming what held the store, never a
  * wrong answer. Open stores after `fork()`, never before, and keep the file on a local disk (WAL
  * needs shared memory, which network filesystems lack).
  *
+ * The business write cannot commit anything on its own: whatever it does (a swallowed error
+ * that rolled the transaction back, its own BEGIN, COMMIT or ROLLBACK), no business row commits
+ * without its log row, and the call throws `StoreError` naming the business write.
+ *
  * Timestamps are stored as integer microseconds since the Unix epoch. It also reports the
- * gate's health signals and purges finished rows (`monitored_store`, see `Retention`).
+ * gate's health signals with the WAL's size, purges finished rows (`monitored_store`, see
+ * `Retention`), and backs up and restores the file online (`backup_to`, `restore_from`).
  *
  * Example:
  *   idemgate::SqliteStore store{"/var/lib/app/idemgate.db", {.busy_timeout = 3s}};
@@ -427,20 +648,30 @@ class SqliteStore {
   /// The clock leases are measured with.
   using Clock = SqliteOptions::Clock;
 
-  /// Opens (and creates if missing) the database at `path` and switches it to WAL mode.
-  /// Throws `std::invalid_argument` for an unusable table name, and `StoreError` for a path that
-  /// cannot be opened, a file that is not a database, or a database locked past the busy timeout.
-  /// `":memory:"` gives a private in-memory database (not durable, one store only).
+  /// Opens (and creates if missing) the database at `path`, switches it to WAL mode and checks
+  /// that this process can write it. Throws `std::invalid_argument` for an unusable table name
+  /// or an option out of range, and `StoreError` for a path that cannot be opened, a file that
+  /// is not a database, a database this process cannot write (the file, its directory or its
+  /// -wal and -shm files read-only), or one locked past the busy timeout. `":memory:"` gives a
+  /// private in-memory database (not durable, one store only).
   explicit SqliteStore(std::string path, SqliteOptions options = {})
       : path_(std::move(path)),
         table_(detail::sqlite::checked_table_name(options.table)),
         busy_timeout_(options.busy_timeout),
+        wal_size_limit_(options.wal_size_limit),
         clock_(options.clock ? std::move(options.clock)
                              : Clock([] { return std::chrono::system_clock::now(); })),
-        sql_(statements(table_)) {
-    if (busy_timeout_.count() < 0 || busy_timeout_.count() > std::numeric_limits<int>::max())
-      throw std::invalid_argument(
-          "idemgate: SqliteOptions::busy_timeout must be between 0 and 2^31-1 milliseconds");
+        sql_(statements(table_)),
+        random_(static_cast<std::uint_fast32_t>(
+            std::hash<const void*>{}(this) ^
+            static_cast<std::size_t>(
+                std::chrono::steady_clock::now().time_since_epoch().count()))) {
+    detail::require_in_range("SqliteOptions::busy_timeout", busy_timeout_,
+                             std::chrono::milliseconds(0), std::chrono::hours(1),
+                             "Writes take milliseconds; a few seconds is plenty.");
+    detail::require_in_range("SqliteOptions::wal_size_limit (bytes)", wal_size_limit_,
+                             std::size_t{64} << 10, std::size_t{1} << 40,
+                             "The default, 64 MiB, suits most logs.");
     open();
   }
 
@@ -465,6 +696,7 @@ class SqliteStore {
            "  result      BLOB,\n"
            "  reason      TEXT,\n"
            "  duplicates  INTEGER NOT NULL DEFAULT 0,  -- reservations that met this key\n"
+           "  attempts    INTEGER NOT NULL DEFAULT 1,  -- 1 + takeovers and re-drives\n"
            "  created_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
            "  updated_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
            "  CHECK (status <> 'committed' OR result IS NOT NULL)\n"
@@ -483,23 +715,27 @@ class SqliteStore {
            t + "_mismatches_at ON " + t + "_mismatches (at);\n";
   }
 
-  /// Creates the tables and indexes if missing, and adds the `duplicates` column to a log made
-  /// by an earlier version. Idempotent and safe from several processes at once.
+  /// Creates the tables and indexes if missing, and adds the columns a log made by an earlier
+  /// version lacks (`duplicates`, `attempts`), keeping every row. Idempotent and safe from
+  /// several processes at once.
   void migrate() {
-    std::lock_guard lock(mutex_);
     run("creating the idemgate table", nullptr, [&] {
       begin();
-      // An earlier log lacks the duplicates column; CREATE TABLE IF NOT EXISTS would keep it so.
-      const bool upgrade = detail::sqlite::query_int(db_.get(),
-                                                     "SELECT EXISTS (SELECT 1 FROM "
-                                                     "pragma_table_info(?1)) AND NOT EXISTS "
-                                                     "(SELECT 1 FROM pragma_table_info(?1) "
-                                                     "WHERE name = 'duplicates')",
-                                                     table_)
-                               .value_or(0) != 0;
-      if (upgrade)
-        detail::sqlite::exec(db_.get(), "ALTER TABLE " + table_ +
-                                            " ADD COLUMN duplicates INTEGER NOT NULL DEFAULT 0");
+      // CREATE TABLE IF NOT EXISTS keeps an earlier log as it is: add what it lacks first.
+      for (const auto& [column, definition] :
+           {std::pair<const char*, const char*>{"duplicates", "INTEGER NOT NULL DEFAULT 0"},
+            std::pair<const char*, const char*>{"attempts", "INTEGER NOT NULL DEFAULT 1"}}) {
+        const bool missing = detail::sqlite::query_int(db_.get(),
+                                                       "SELECT EXISTS (SELECT 1 FROM "
+                                                       "pragma_table_info(?1)) AND NOT EXISTS "
+                                                       "(SELECT 1 FROM pragma_table_info(?1) "
+                                                       "WHERE name = ?2)",
+                                                       table_, column)
+                                 .value_or(0) != 0;
+        if (missing)
+          detail::sqlite::exec(
+              db_.get(), "ALTER TABLE " + table_ + " ADD COLUMN " + column + " " + definition);
+      }
       const std::string schema = schema_sql(table_);
       char* error = nullptr;
       const int code = sqlite3_exec(db_.get(), schema.c_str(), nullptr, nullptr, &error);
@@ -511,16 +747,17 @@ class SqliteStore {
   }
 
   /// Inserts the key as in flight, or counts a duplicate and reports what is stored, in one
-  /// statement; takes over an expired lease with a fence bump. All in one write transaction.
+  /// statement; takes over an expired lease with a fence bump. All in one write transaction;
+  /// the lease runs from the moment the write lock is held.
   Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
                       std::chrono::milliseconds lease) {
     const SqliteBlob fingerprint_blob{
         {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()}};
-    std::lock_guard lock(mutex_);
     return run("reserving a key", &key, [&]() -> Reservation {
-      const std::int64_t now = now_micros();
-      const std::int64_t until = now + detail::sqlite::to_micros(lease);
       begin();
+      // Read after the write lock is held: time spent waiting must not shorten the lease.
+      const std::int64_t now = now_micros();
+      const std::int64_t until = detail::sqlite::later(now, lease);
       Reservation found;
       bool take_over = false;
       {
@@ -568,21 +805,21 @@ class SqliteStore {
    * only if `fence` still holds. Zero rows updated: rolled back, and `committed` is returned
    * without running `business` when this very fence already committed (a retried commit);
    * otherwise `lost_lease`. Whatever `business` throws rolls everything back and propagates.
+   * A business write that ends the store's transaction (see `SqliteTransaction`) commits
+   * nothing and makes the call throw `StoreError`; the row stays in flight.
    */
   template <class BusinessWrite>
   CommitStatus commit(const Key& key, std::int64_t fence, std::string_view result,
                       BusinessWrite&& business) {
-    std::lock_guard lock(mutex_);
     return run("committing", &key, [&] {
-      const std::int64_t now = now_micros();
       begin();
+      const std::int64_t now = now_micros();
       if (change(sql_.commit, "committing", key, fence, SqliteBlob{result}, now) == 0) {
         const CommitStatus earlier = settled_earlier(key, fence, RecordStatus::committed);
         rollback();
         return earlier;
       }
-      SqliteTransaction tx(db_.get());
-      business(tx);
+      run_business(key, fence, now, business);
       end_commit(key);
       return CommitStatus::committed;
     });
@@ -603,20 +840,38 @@ class SqliteStore {
   /// Gives back an in-flight reservation this caller holds after a transient failure: the row
   /// stays in flight and its lease ends now, so the next delivery takes the key over at once
   /// (with a higher fence). False when the fence no longer holds.
-  bool release(const Key& key, std::int64_t fence) {
-    std::lock_guard lock(mutex_);
+  bool release(const Key& key, std::int64_t fence) { return release(key, fence, {}); }
+
+  /// Like `release`, and keeps `reason` (when not empty) as why this attempt gave the event back;
+  /// the reconciler shows it when it gives up on the event.
+  bool release(const Key& key, std::int64_t fence, std::string_view reason) {
     return run("releasing a key", &key, [&] {
       begin();
       const bool released = change(sql_.release, "releasing a key", key, fence,
-                                   detail::sqlite::ended_lease, now_micros()) > 0;
+                                   detail::sqlite::ended_lease, now_micros(), reason) > 0;
       end("releasing a key");
       return released;
     });
   }
 
+  /// Extends the leases the caller still holds to `lease` from now, in one write transaction;
+  /// returns how many it extended (a lease taken over meanwhile is not).
+  std::size_t extend(std::span<const HeldLease> held, std::chrono::milliseconds lease) {
+    if (held.empty()) return 0;
+    return run("extending leases", nullptr, [&] {
+      begin();
+      const std::int64_t until = detail::sqlite::later(now_micros(), lease);
+      std::size_t extended = 0;
+      for (const HeldLease& h : held)
+        extended += static_cast<std::size_t>(
+            change(sql_.extend, "extending leases", h.key, h.fence, until));
+      end("extending leases");
+      return extended;
+    });
+  }
+
   /// The stored row, if any.
   std::optional<Record> find(const Key& key) {
-    std::lock_guard lock(mutex_);
     return run("reading a key", &key, [&]() -> std::optional<Record> {
       auto& read = statement(sql_.find);
       detail::sqlite::ResetGuard guard(read);
@@ -627,22 +882,23 @@ class SqliteStore {
   }
 
   /// Takes over up to `limit` in-flight rows whose lease expired and that have not changed for
-  /// `stale_after`, oldest lease first, bumping their fence and granting a new `lease`. One write
-  /// transaction: two reconcilers (threads or processes) never take the same row.
+  /// `stale_after`, oldest lease first, bumping their fence and attempts and granting a new
+  /// `lease`. One write transaction: two reconcilers (threads or processes) never take the same
+  /// row. `duration::max()` means forever (for `stale_after`: nothing is ever stale).
   std::vector<Stranded> take_stale(std::size_t limit, std::chrono::milliseconds stale_after,
                                    std::chrono::milliseconds lease) {
-    std::lock_guard lock(mutex_);
     return run("taking stale rows", nullptr, [&] {
-      const std::int64_t now = now_micros();
       begin();
+      const std::int64_t now = now_micros();
       std::vector<Stranded> taken;
       {
         auto& take = statement(sql_.take_stale);
         detail::sqlite::ResetGuard guard(take);
-        take.bind("taking stale rows", now, now - detail::sqlite::to_micros(stale_after),
-                  now + detail::sqlite::to_micros(lease), sql_limit(limit));
+        take.bind("taking stale rows", now, detail::sqlite::earlier(now, stale_after),
+                  detail::sqlite::later(now, lease), sql_limit(limit));
         while (take.step("taking stale rows"))
-          taken.push_back({key_from(take.bytes(0)), take.int64(1), take.bytes(2), 0, {}});
+          taken.push_back({key_from(take.bytes(0)), take.int64(1), take.bytes(2), take.int64(3),
+                           take.is_null(4) ? std::string() : take.bytes(4)});
       }
       end("taking stale rows");
       return taken;
@@ -651,7 +907,6 @@ class SqliteStore {
 
   /// Up to `limit` escalated rows, oldest first.
   std::vector<Record> escalated(std::size_t limit) {
-    std::lock_guard lock(mutex_);
     return run("listing escalated rows", nullptr, [&] {
       auto& list = statement(sql_.escalated);
       detail::sqlite::ResetGuard guard(list);
@@ -663,31 +918,71 @@ class SqliteStore {
   }
 
   /// Commits an escalated row with `result` and `business(transaction&)` in one transaction;
-  /// false (nothing written, `business` not run) if the row is not escalated.
+  /// false (nothing written, `business` not run) if the row is not escalated. A business write
+  /// that ends the store's transaction commits nothing and makes the call throw `StoreError`.
   template <class BusinessWrite>
   bool resolve(const Key& key, std::string_view result, BusinessWrite&& business) {
-    std::lock_guard lock(mutex_);
     return run("resolving", &key, [&] {
       begin();
-      if (change(sql_.resolve, "resolving", key, SqliteBlob{result}, now_micros()) == 0) {
-        rollback();
-        return false;
+      const std::int64_t now = now_micros();
+      std::int64_t fence = 0;
+      {
+        auto& update = statement(sql_.resolve);
+        detail::sqlite::ResetGuard guard(update);
+        update.bind("resolving", key, SqliteBlob{result}, now);
+        if (!update.step("resolving")) {
+          update.reset();
+          rollback();
+          return false;
+        }
+        fence = update.int64(0);
       }
-      SqliteTransaction tx(db_.get());
-      business(tx);
+      run_business(key, fence, now, business);
       end_commit(key);
       return true;
     });
   }
 
+  /**
+   * Re-drives one failed event: turns its `failed` row back into `in_flight` with fence + 1,
+   * attempts + 1, its lease ended and its reason cleared, so the next delivery (`reserve`
+   * answers `taken_over`) or the reconciler claims it again under the same key. Returns how
+   * many rows changed (0 when the row is not failed).
+   *
+   * Example:
+   *   store.redrive_failed(idemgate::derive_key("ect.claim_slot", id, container));
+   */
+  std::size_t redrive_failed(const Key& key) {
+    return run("re-driving a failed row", &key, [&] {
+      begin();
+      const std::int64_t changed = change(sql_.redrive_key, "re-driving a failed row", key,
+                                          detail::sqlite::ended_lease, now_micros());
+      end("re-driving a failed row");
+      return static_cast<std::size_t>(changed);
+    });
+  }
+
+  /// Re-drives up to `limit` failed rows whose `updated_at` (when they failed) lies in
+  /// [`from`, `to`), oldest first, as `redrive_failed(key)` does; returns how many changed.
+  std::size_t redrive_failed(std::chrono::system_clock::time_point from,
+                             std::chrono::system_clock::time_point to, std::size_t limit) {
+    return run("re-driving failed rows", nullptr, [&] {
+      begin();
+      const std::int64_t changed =
+          change(sql_.redrive_range, "re-driving failed rows", detail::sqlite::to_micros(from),
+                 detail::sqlite::to_micros(to), sql_limit(limit), detail::sqlite::ended_lease,
+                 now_micros());
+      end("re-driving failed rows");
+      return static_cast<std::size_t>(changed);
+    });
+  }
+
   /// The three signals over the events reserved in the last `window`, read in one statement (one
-  /// consistent snapshot).
+  /// consistent snapshot), with the in-flight rows being retried and the WAL file's size.
   StoreSignals signals(std::chrono::seconds window) {
-    std::lock_guard lock(mutex_);
     return run("reading the signals", nullptr, [&] {
       const std::int64_t now = now_micros();
-      const std::int64_t since =
-          now - std::chrono::duration_cast<std::chrono::microseconds>(window).count();
+      const std::int64_t since = detail::sqlite::earlier(now, window);
       auto& read = statement(sql_.signals);
       detail::sqlite::ResetGuard guard(read);
       read.bind("reading the signals", since);
@@ -704,6 +999,8 @@ class SqliteStore {
       s.escalated = read.int64(4);
       s.mismatched_keys = read.int64(5);
       s.mismatches_total = read.int64(6);
+      s.retrying = read.int64(7);
+      s.wal_bytes = wal_bytes();
       return s;
     });
   }
@@ -712,7 +1009,6 @@ class SqliteStore {
   /// such as "lost_lease" or "reconciler").
   void record_mismatch(const Key& key, std::string_view stored, std::string_view observed,
                        std::string_view source) {
-    std::lock_guard lock(mutex_);
     run("recording a mismatch", &key, [&] {
       begin();
       change(sql_.record_mismatch, "recording a mismatch", key, SqliteBlob{stored},
@@ -724,7 +1020,6 @@ class SqliteStore {
 
   /// Up to `limit` recorded mismatches, newest first.
   std::vector<Mismatch> mismatches(std::size_t limit) {
-    std::lock_guard lock(mutex_);
     return run("listing mismatches", nullptr, [&] {
       auto& list = statement(sql_.mismatches);
       detail::sqlite::ResetGuard guard(list);
@@ -741,6 +1036,7 @@ class SqliteStore {
    * Deletes committed and failed rows that finished more than `older_than` ago, never in-flight or
    * escalated rows, and returns how many it deleted. Each batch of at most `batch` rows is its
    * own short write transaction, so workers (threads and processes) reserve between batches.
+   * `seconds::max()` keeps every row.
    *
    * Example:
    *   store.purge(std::chrono::days(7), 1000);  // or let idemgate::Retention call it
@@ -749,12 +1045,9 @@ class SqliteStore {
     std::size_t deleted = 0;
     if (batch == 0) return deleted;
     for (;;) {
-      std::lock_guard lock(mutex_);
       const std::int64_t n = run("purging finished rows", nullptr, [&] {
-        const std::int64_t cutoff =
-            now_micros() -
-            std::chrono::duration_cast<std::chrono::microseconds>(older_than).count();
         begin();
+        const std::int64_t cutoff = detail::sqlite::earlier(now_micros(), older_than);
         const std::int64_t changed =
             change(sql_.purge, "purging finished rows", cutoff, sql_limit(batch));
         end("purging finished rows");
@@ -765,17 +1058,95 @@ class SqliteStore {
     }
   }
 
+  /**
+   * Writes a consistent copy of the database to `destination` while the store stays in use
+   * (SQLite's online backup API): other processes keep reserving and committing, and this
+   * store's other threads wait until the copy is written. The copy is written beside
+   * `destination` and renamed over it once complete, so `destination` is never half written.
+   * Throws `StoreError` when it cannot write there.
+   *
+   * Example:
+   *   store.backup_to("/var/backups/idemgate-" + today + ".db");
+   */
+  void backup_to(const std::string& destination) {
+    run("backing up", nullptr, [&] {
+      detail::sqlite::copy_database(db_.get(), destination);
+      return 0;
+    });
+  }
+
+  /**
+   * Restores the database at `target` from the copy at `backup` (made by `backup_to`, or any
+   * sound SQLite file). Call it with every process that uses `target` stopped: it refuses
+   * (`StoreError`) while a connection, in this process or another, has `target` open. It checks
+   * the backup (`PRAGMA quick_check`), moves `target`'s stale `-wal` and `-shm` files aside
+   * (renamed with a `.stale-<time>` suffix: SQLite would replay a stale WAL onto the restored
+   * file), and replaces `target` with a copy of the backup written by SQLite's backup API.
+   * Events in the backup are duplicates again after the restore; events processed after the
+   * backup was taken are new to the restored log.
+   *
+   * Example:
+   *   idemgate::SqliteStore::restore_from("/var/backups/idemgate.db", "/var/lib/app/idemgate.db");
+   */
+  static void restore_from(const std::string& backup, const std::string& target) {
+    detail::sqlite::restore(backup, target);
+  }
+
   /// The database file's path as given.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
   /// The table this store writes.
   [[nodiscard]] const std::string& table() const noexcept { return table_; }
-  /// The busy timeout.
+  /// The longest a call waits in all (`SqliteOptions::busy_timeout`).
   [[nodiscard]] std::chrono::milliseconds busy_timeout() const noexcept { return busy_timeout_; }
+  /// The size the WAL is kept to (`SqliteOptions::wal_size_limit`).
+  [[nodiscard]] std::size_t wal_size_limit() const noexcept { return wal_size_limit_; }
 
  private:
   struct Statements {
     std::string reserve, take_over, commit, fail, escalate, release, find, take_stale, escalated,
-        resolve, settled, signals, record_mismatch, mismatches, purge;
+        resolve, settled, signals, record_mismatch, mismatches, purge, redrive_key, redrive_range,
+        left_as_written, extend;
+  };
+
+  /// Marks the store's lock as held by the calling thread, for the errors of calls that wait.
+  class Holding {
+   public:
+    Holding(SqliteStore& store, const char* doing) noexcept : store_(store) {
+      store_.holder_since_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+      store_.holder_doing_.store(doing);
+      store_.holder_thread_.store(std::this_thread::get_id());
+    }
+    Holding(const Holding&) = delete;
+    Holding& operator=(const Holding&) = delete;
+    ~Holding() {
+      store_.holder_thread_.store(std::thread::id());
+      store_.holder_doing_.store(nullptr);
+      store_.holder_in_business_.store(false);
+    }
+
+   private:
+    SqliteStore& store_;
+  };
+
+  /// Guards the business write's run: commits are vetoed and rollbacks counted until it ends.
+  class Guarding {
+   public:
+    explicit Guarding(SqliteStore& store) noexcept : store_(store) {
+      store_.vetoed_ = 0;
+      store_.rollbacks_ = 0;
+      store_.guarding_ = true;
+      store_.business_ran_ = true;
+      store_.holder_in_business_.store(true);
+    }
+    Guarding(const Guarding&) = delete;
+    Guarding& operator=(const Guarding&) = delete;
+    ~Guarding() {
+      store_.guarding_ = false;
+      store_.holder_in_business_.store(false);
+    }
+
+   private:
+    SqliteStore& store_;
   };
 
   static std::string indexes_sql(const std::string& t) {
@@ -787,6 +1158,10 @@ class SqliteStore {
            "CREATE INDEX IF NOT EXISTS " +
            t + "_escalated ON " + t +
            " (updated_at) WHERE status = 'escalated';\n"
+           "-- Re-driving failed rows by when they failed.\n"
+           "CREATE INDEX IF NOT EXISTS " +
+           t + "_failed ON " + t +
+           " (updated_at) WHERE status = 'failed';\n"
            "-- Retention and the signals' window.\n"
            "CREATE INDEX IF NOT EXISTS " +
            t + "_created ON " + t + " (created_at);\n";
@@ -795,17 +1170,18 @@ class SqliteStore {
   static Statements statements(const std::string& t) {
     const std::string columns =
         "key, status, fence, request, fingerprint, result, reason, created_at, updated_at, "
-        "lease_until, duplicates";
+        "lease_until, duplicates, attempts";
     Statements s;
     // A new key is inserted; a key that exists counts the duplicate and returns the stored row:
     // one statement either way, so no reservation goes uncounted.
     s.reserve = "INSERT INTO " + t +
-                " (key, status, fence, lease_until, fingerprint, request, duplicates, created_at,"
-                " updated_at) VALUES (?1, 'in_flight', 1, ?2, ?3, ?4, 0, ?5, ?5)"
+                " (key, status, fence, lease_until, fingerprint, request, duplicates, attempts,"
+                " created_at, updated_at) VALUES (?1, 'in_flight', 1, ?2, ?3, ?4, 0, 1, ?5, ?5)"
                 " ON CONFLICT (key) DO UPDATE SET duplicates = duplicates + 1"
                 " RETURNING duplicates, fence, status, fingerprint, lease_until, result, reason";
     s.take_over = "UPDATE " + t +
-                  " SET fence = fence + 1, lease_until = ?3, updated_at = ?4"
+                  " SET fence = fence + 1, attempts = attempts + 1, lease_until = ?3,"
+                  " updated_at = ?4"
                   " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2 AND lease_until < ?4"
                   " RETURNING fence";
     s.commit = "UPDATE " + t +
@@ -821,28 +1197,33 @@ class SqliteStore {
     // worker still holding the old fence can never commit), and if no delivery comes back the
     // reconciler finishes the event.
     s.release = "UPDATE " + t +
-                " SET lease_until = ?3, updated_at = ?4"
+                " SET lease_until = ?3, updated_at = ?4,"
+                " reason = CASE WHEN ?5 = '' THEN reason ELSE ?5 END"
                 " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
+    s.extend = "UPDATE " + t +
+               " SET lease_until = ?3 WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
     s.find = "SELECT " + columns + " FROM " + t + " WHERE key = ?1";
     s.take_stale = "UPDATE " + t +
-                   " SET fence = fence + 1, lease_until = ?3, updated_at = ?1"
+                   " SET fence = fence + 1, attempts = attempts + 1, lease_until = ?3,"
+                   " updated_at = ?1"
                    " WHERE key IN (SELECT key FROM " +
                    t +
                    " WHERE status = 'in_flight' AND lease_until < ?1 AND updated_at <= ?2"
                    " ORDER BY lease_until LIMIT ?4)"
-                   " RETURNING key, fence, request";
+                   " RETURNING key, fence, request, attempts, reason";
     s.escalated = "SELECT " + columns + " FROM " + t +
                   " WHERE status = 'escalated' ORDER BY updated_at, rowid LIMIT ?1";
     s.resolve = "UPDATE " + t +
                 " SET status = 'committed', result = ?2, updated_at = ?3"
-                " WHERE key = ?1 AND status = 'escalated'";
+                " WHERE key = ?1 AND status = 'escalated' RETURNING fence";
     s.settled = "SELECT status, fence FROM " + t + " WHERE key = ?1";
     s.signals =
-        "SELECT w.events, w.duplicates, f.n, f.oldest, e.n, m.keys, a.n FROM"
+        "SELECT w.events, w.duplicates, f.n, f.oldest, e.n, m.keys, a.n, f.retrying FROM"
         " (SELECT count(*) AS events, coalesce(sum(duplicates), 0) AS duplicates FROM " +
         t +
         " WHERE created_at >= ?1) AS w,"
-        " (SELECT count(*) AS n, min(created_at) AS oldest FROM " +
+        " (SELECT count(*) AS n, min(created_at) AS oldest,"
+        " coalesce(sum(attempts > 1), 0) AS retrying FROM " +
         t +
         " WHERE status = 'in_flight') AS f,"
         " (SELECT count(*) AS n FROM " +
@@ -862,6 +1243,20 @@ class SqliteStore {
     s.purge = "DELETE FROM " + t + " WHERE key IN (SELECT key FROM " + t +
               " WHERE created_at < ?1 AND updated_at < ?1 AND status IN ('committed', 'failed') "
               "LIMIT ?2)";
+    // A re-driven row is in flight under a new fence with its lease ended: the next delivery
+    // takes it over at once, or the reconciler does.
+    const std::string redrive = "UPDATE " + t +
+                                " SET status = 'in_flight', fence = fence + 1,"
+                                " attempts = attempts + 1, reason = NULL,";
+    s.redrive_key =
+        redrive + " lease_until = ?2, updated_at = ?3 WHERE key = ?1 AND status = 'failed'";
+    s.redrive_range = redrive +
+                      " lease_until = ?4, updated_at = ?5 WHERE key IN (SELECT key FROM " + t +
+                      " WHERE status = 'failed' AND updated_at >= ?1 AND updated_at < ?2"
+                      " ORDER BY updated_at LIMIT ?3)";
+    s.left_as_written = "SELECT count(*) FROM " + t +
+                        " WHERE key = ?1 AND status = 'committed' AND fence = ?2 AND"
+                        " updated_at = ?3";
     return s;
   }
 
@@ -876,7 +1271,10 @@ class SqliteStore {
                        ". " + detail::sqlite::advice(code, message));
     }
     sqlite3_extended_result_codes(db_.get(), 1);
-    sqlite3_busy_timeout(db_.get(), static_cast<int>(busy_timeout_.count()));
+    sqlite3_busy_handler(db_.get(), &SqliteStore::on_busy, this);
+    sqlite3_commit_hook(db_.get(), &SqliteStore::on_commit, this);
+    sqlite3_rollback_hook(db_.get(), &SqliteStore::on_rollback, this);
+    sqlite3_wal_hook(db_.get(), &SqliteStore::on_wal, this);
     // The first statement reads the file's header: a file that is not a database fails here.
     std::string mode;
     run("switching to WAL mode", nullptr, [&] {
@@ -893,6 +1291,19 @@ class SqliteStore {
                        "local filesystem (not NFS or SMB) that supports shared memory.");
     run("configuring the connection", nullptr, [&] {
       detail::sqlite::exec(db_.get(), "PRAGMA synchronous=FULL");
+      // SQLite cuts the WAL back to this size whenever it starts it over.
+      detail::sqlite::exec(db_.get(),
+                           "PRAGMA journal_size_limit=" + std::to_string(wal_size_limit_));
+      page_size_ = detail::sqlite::query_int(db_.get(), "PRAGMA page_size").value_or(4096);
+      return 0;
+    });
+    const char* file = sqlite3_db_filename(db_.get(), "main");
+    if (!in_memory && file != nullptr && *file != '\0') wal_path_ = sqlite3_filename_wal(file);
+    // A file, -wal or -shm this process may only read opens without complaint and fails at the
+    // first write: take the write lock once now, so the constructor says so.
+    run("checking that this process can write the database", nullptr, [&] {
+      begin();
+      rollback();
       return 0;
     });
   }
@@ -907,40 +1318,245 @@ class SqliteStore {
     return *it->second;
   }
 
-  // Runs one unit of work. Anything thrown rolls back an open transaction. When another
-  // connection kept the database locked (past SQLite's own busy wait, or where SQLite cannot
-  // wait, such as a WAL recovery), the work is tried again until the busy timeout has passed:
-  // every unit is a whole transaction, so trying it again is safe.
+  // Runs one unit of work under the store's lock, within one deadline: the wait for the lock
+  // and SQLite's wait for other connections (the busy handler) both end at it. Anything thrown
+  // rolls back an open transaction. Where SQLite cannot wait (a WAL recovery in another
+  // process), the unit is tried again until the deadline: every unit is a whole transaction, so
+  // that is safe, except once the business write has run (it is never run twice).
   template <class Work>
-  auto run(std::string_view doing, const Key* key, Work&& work) -> decltype(work()) {
-    const auto deadline = std::chrono::steady_clock::now() + busy_timeout_;
-    for (int attempt = 0;; ++attempt) {
+  auto run(const char* doing, const Key* key, Work&& work) -> decltype(work()) {
+    const auto started = std::chrono::steady_clock::now();
+    const auto deadline = started + busy_timeout_;
+    if (holder_thread_.load() == std::this_thread::get_id()) throw reentered(doing);
+    std::unique_lock lock(mutex_, std::defer_lock);
+    if (!lock.try_lock()) {
+      // Who holds the store now, for the error: by the deadline it may have just let go.
+      const Holder before = holder();
+      if (!lock.try_lock_until(deadline)) throw held_in_process(doing, key, before);
+    }
+    const Holding holding(*this, doing);
+    deadline_ = deadline;
+    for (;;) {
+      business_ran_ = false;
       try {
-        return work();
+        auto result = work();
+        keep_wal_small();
+        return result;
       } catch (const detail::sqlite::Error& e) {
         rollback_quietly();
-        if (!e.busy()) throw;
+        if (!e.busy() || business_ran_) throw;
         if (std::chrono::steady_clock::now() >= deadline) throw locked(doing, key);
       } catch (...) {
         rollback_quietly();
         throw;
       }
-      std::this_thread::sleep_for(
-          std::chrono::milliseconds(std::min(1 << std::min(attempt, 6), 50)));
+      pause(0, deadline - std::chrono::steady_clock::now());
     }
   }
 
-  StoreError locked(std::string_view doing, const Key* key) const {
+  // A short, capped, jittered sleep: waiters in several processes poll often enough that short
+  // transactions cannot starve one of them, and never in step with each other.
+  void pause(int round, std::chrono::steady_clock::duration left) {
+    if (left <= std::chrono::steady_clock::duration::zero()) return;
+    const std::int64_t cap = std::min<std::int64_t>(2000, std::int64_t{50} << std::min(round, 6));
+    std::uniform_int_distribution<std::int64_t> pick(cap / 2, cap);
+    const std::chrono::steady_clock::duration sleep = std::chrono::microseconds(pick(random_));
+    std::this_thread::sleep_for(std::min(sleep, left));
+  }
+
+  // SQLite's busy handler: wait for another connection's lock until the call's deadline.
+  static int on_busy(void* self, int round) {
+    auto& store = *static_cast<SqliteStore*>(self);
+    const auto left = store.deadline_ - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return 0;
+    store.contended_at_ = std::chrono::steady_clock::now();
+    store.pause(round, left);
+    return 1;
+  }
+
+  // While the business write runs, no commit may happen: the only commit that may carry its
+  // rows is the store's own, with the log row.
+  static int on_commit(void* self) {
+    auto& store = *static_cast<SqliteStore*>(self);
+    if (!store.guarding_) return 0;
+    ++store.vetoed_;
+    return 1;
+  }
+
+  static void on_rollback(void* self) {
+    auto& store = *static_cast<SqliteStore*>(self);
+    if (store.guarding_) ++store.rollbacks_;
+  }
+
+  // A WAL hook replaces SQLite's automatic checkpoint, so this one keeps it (passive, at
+  // SQLite's default of 1000 frames) and notes the WAL's length for keep_wal_small().
+  static int on_wal(void* self, sqlite3* db, const char* name, int frames) {
+    auto& store = *static_cast<SqliteStore*>(self);
+    store.wal_frames_ = frames;
+    if (frames >= 1000)
+      sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+    return SQLITE_OK;
+  }
+
+  // Readers in other connections can keep the passive checkpoints from ever starting the WAL
+  // over, and it then grows without end. Past the limit, a truncating checkpoint waits briefly
+  // for the readers to step off the WAL and cuts it to nothing. A reader that holds one read
+  // transaction open blocks it; the next write after a pause tries again.
+  void keep_wal_small() {
+    const std::int64_t frames = std::exchange(wal_frames_, 0);
+    if (frames == 0 || wal_path_.empty()) return;
+    const std::int64_t bytes = 32 + frames * (page_size_ + 24);
+    if (bytes <= static_cast<std::int64_t>(wal_size_limit_)) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_checkpoint_) return;
+    const auto saved = std::exchange(deadline_, std::min(deadline_, now + checkpoint_wait));
+    const int code =
+        sqlite3_wal_checkpoint_v2(db_.get(), "main", SQLITE_CHECKPOINT_TRUNCATE, nullptr, nullptr);
+    deadline_ = saved;
+    // A reader still on the WAL: try again soon, then less and less often while it stays.
+    checkpoint_backoff_ =
+        code == SQLITE_OK ? std::chrono::milliseconds(0)
+                          : std::clamp(checkpoint_backoff_ * 2, checkpoint_wait, checkpoint_pause);
+    next_checkpoint_ = now + checkpoint_backoff_;
+  }
+
+  std::optional<std::int64_t> wal_bytes() const {
+    if (wal_path_.empty()) return std::nullopt;
+    std::error_code missing;
+    const auto size = std::filesystem::file_size(wal_path_, missing);
+    return missing ? 0 : static_cast<std::int64_t>(size);
+  }
+
+  // Runs the business write inside the store's transaction, then checks that the transaction is
+  // still the store's own, with the row as the store wrote it, before anything may commit.
+  template <class BusinessWrite>
+  void run_business(const Key& key, std::int64_t fence, std::int64_t now, BusinessWrite& business) {
+    SqliteTransaction tx(db_.get());
+    {
+      const Guarding guarding(*this);
+      business(tx);
+    }
+    const std::string running = reset_running_statements();
+    std::string cause;
+    if (sqlite3_commit_hook(db_.get(), &SqliteStore::on_commit, this) != this)
+      cause = "it replaced the store's commit hook (sqlite3_commit_hook on tx.db())";
+    else if (vetoed_ > 0)
+      cause = "it committed, or tried to, on its own: the store refused " +
+              std::to_string(vetoed_) +
+              " commit(s) made while it ran (a COMMIT or END, or a statement run after the "
+              "store's transaction had ended)";
+    else if (sqlite3_get_autocommit(db_.get()) != 0)
+      cause =
+          "the store's transaction is no longer open (a ROLLBACK of its own, or an error after "
+          "which SQLite rolled the whole transaction back, caught and gone on from)";
+    else if (rollbacks_ > 0)
+      cause =
+          "the store's transaction was rolled back while it ran (a ROLLBACK of its own, or an "
+          "error after which SQLite rolled the whole transaction back, caught and gone on from) "
+          "and another transaction was begun in its place";
+    else if (!running.empty())
+      cause = "it left a statement running, neither reset nor finalized (the store reset it): " +
+              running;
+    else if (!left_as_written(key, fence, now))
+      cause = "the log row the store wrote in this transaction is no longer as the store wrote it";
+    sqlite3_rollback_hook(db_.get(), &SqliteStore::on_rollback, this);
+    if (!cause.empty())
+      throw BusinessWriteError(
+          "idemgate: the business write for key " + key.hex() + " on " + path_ +
+          " broke the store's transaction: " + cause +
+          ". Nothing was committed: the row stays in flight and none of the "
+          "business write's rows were written. Do not ack; fix the business write: "
+          "let SQL errors propagate (SQLite rolls the whole transaction back after a "
+          "trigger's RAISE(ROLLBACK), ON CONFLICT ROLLBACK, an interrupt, a full "
+          "disk, an I/O error or out of memory), never BEGIN, COMMIT or ROLLBACK "
+          "through tx.db(), and reset or finalize every statement it prepares.");
+  }
+
+  // The statements still running on the connection (after the business write, only its own),
+  // reset so that none keeps a read open on the file; empty when there is none.
+  std::string reset_running_statements() const {
+    std::string running;
+    for (sqlite3_stmt* s = sqlite3_next_stmt(db_.get(), nullptr); s != nullptr;
+         s = sqlite3_next_stmt(db_.get(), s)) {
+      if (sqlite3_stmt_busy(s) == 0) continue;
+      const char* sql = sqlite3_sql(s);
+      running += (running.empty() ? "" : "; ") +
+                 std::string(sql != nullptr ? sql : "(a statement without SQL text)");
+      sqlite3_reset(s);
+    }
+    return running;
+  }
+
+  bool left_as_written(const Key& key, std::int64_t fence, std::int64_t now) {
+    auto& read = statement(sql_.left_as_written);
+    detail::sqlite::ResetGuard guard(read);
+    read.bind("checking the log row before committing", key, fence, now);
+    return read.step("checking the log row before committing") && read.int64(0) == 1;
+  }
+
+  std::logic_error reentered(const char* doing) const {
+    return std::logic_error(std::string("idemgate: the store was called (") + doing +
+                            ") from inside its own business write on " + path_ +
+                            "; that call could never get the store. Do not call the store from "
+                            "inside the business write: write through its transaction only.");
+  }
+
+  // A snapshot of who holds the store's lock.
+  struct Holder {
+    const char* doing = nullptr;
+    bool business = false;
+    std::int64_t since = 0;
+  };
+
+  Holder holder() const noexcept {
+    return {holder_doing_.load(), holder_in_business_.load(), holder_since_.load()};
+  }
+
+  StoreError held_in_process(const char* doing, const Key* key, const Holder& before) const {
+    Holder last = holder();
+    if (last.doing == nullptr) last = before;
+    const char* what = last.doing;
+    const bool business = last.business;
+    const auto held = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now().time_since_epoch() -
+        std::chrono::steady_clock::duration(last.since));
+    const std::string for_how_long =
+        " has held the store for " + std::to_string(held.count()) + " ms";
+    std::string who;
+    if (business)
+      who = "a business write in this process" + for_how_long + " (" +
+            (what != nullptr ? what : "committing") + ")";
+    else if (what != nullptr)
+      who = "another call in this process (" + std::string(what) + ")" + for_how_long;
+    else
+      who = "other calls in this process kept the store busy";
     return StoreError(
-        "idemgate: the SQLite database at " + path_ +
-        " stayed locked by another connection for longer than the busy timeout (" +
-        std::to_string(busy_timeout_.count()) + " ms) while " + std::string(doing) +
-        (key != nullptr ? std::string(1, ' ').append(key->hex()) : std::string()) +
+        "idemgate: " + who + "; " + doing +
+        (key != nullptr ? std::string(1, ' ').append(key->hex()) : std::string()) + " on " + path_ +
+        " gave up at the busy timeout (" + std::to_string(busy_timeout_.count()) +
+        " ms); nothing was written. Do not ack: the redelivery will try again. " +
+        (business ? "A business write must not wait on anything slow (a network call, a lock, a "
+                    "queue): do that before the commit, or raise SqliteOptions::busy_timeout."
+                  : "Threads share one store's connection one at a time: give busy threads "
+                    "stores of their own, or raise SqliteOptions::busy_timeout."));
+  }
+
+  StoreError locked(const char* doing, const Key* key) const {
+    return StoreError(
+        "idemgate: another connection or process held the write lock on " + path_ +
+        " for the whole busy timeout (" + std::to_string(busy_timeout_.count()) + " ms) while " +
+        doing + (key != nullptr ? std::string(1, ' ').append(key->hex()) : std::string()) +
         "; nothing was written. Do not ack: the redelivery will try again. If it persists, find "
-        "the process holding a long write transaction, or raise SqliteOptions::busy_timeout.");
+        "the connection that keeps a write transaction open (a business write waiting on "
+        "something, a tool with an open transaction), or raise SqliteOptions::busy_timeout.");
   }
 
   void begin() {
+    // Under contention, a store that committed a moment ago steps back briefly before taking
+    // the write lock again, so that waiting processes (polling) get their turn.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - contended_at_ < contention_memory && now - committed_at_ < contention_memory / 50)
+      pause(1, deadline_ - now);
     auto& start = statement("BEGIN IMMEDIATE");
     start.bind("starting a write transaction");
     start.step("starting a write transaction");
@@ -952,6 +1568,7 @@ class SqliteStore {
     finish.bind(doing);
     finish.step(doing);
     finish.reset();
+    committed_at_ = std::chrono::steady_clock::now();
   }
 
   // A failed COMMIT leaves the outcome unknown to the caller, as with any database.
@@ -1010,9 +1627,8 @@ class SqliteStore {
     return CommitStatus::lost_lease;
   }
 
-  CommitStatus settle(const std::string& sql, std::string_view doing, const Key& key,
-                      std::int64_t fence, std::string_view reason, RecordStatus target) {
-    std::lock_guard lock(mutex_);
+  CommitStatus settle(const std::string& sql, const char* doing, const Key& key, std::int64_t fence,
+                      std::string_view reason, RecordStatus target) {
     return run(doing, &key, [&] {
       begin();
       if (change(sql, doing, key, fence, reason, now_micros()) == 0) {
@@ -1056,20 +1672,53 @@ class SqliteStore {
     record.updated_at = detail::sqlite::from_micros(row.int64(8));
     record.lease_until = detail::sqlite::from_micros(row.int64(9));
     record.duplicates = row.int64(10);
+    record.attempts = row.int64(11);
     return record;
   }
+
+  // How long a truncating checkpoint may wait for readers, and how long to leave it after one
+  // that could not finish (a reader holds a snapshot open).
+  static constexpr std::chrono::milliseconds checkpoint_wait{100};
+  static constexpr std::chrono::milliseconds checkpoint_pause{2000};
+  // How long a store remembers that it had to wait for another connection.
+  static constexpr std::chrono::milliseconds contention_memory{100};
 
   std::string path_;
   std::string table_;
   std::chrono::milliseconds busy_timeout_;
+  std::size_t wal_size_limit_;
   Clock clock_;
   Statements sql_;
   detail::sqlite::Connection db_;
   std::unordered_map<std::string, std::unique_ptr<detail::sqlite::Statement>> cache_;
-  std::mutex mutex_;
+  std::timed_mutex mutex_;
+  std::minstd_rand random_;
+  std::string wal_path_;
+  std::int64_t page_size_ = 4096;
+
+  // Guarded by mutex_: the current call's deadline, the business write's guard, the WAL.
+  std::chrono::steady_clock::time_point deadline_{};
+  bool guarding_ = false;
+  bool business_ran_ = false;
+  int vetoed_ = 0;
+  int rollbacks_ = 0;
+  std::int64_t wal_frames_ = 0;
+  std::chrono::steady_clock::time_point next_checkpoint_{};
+  std::chrono::milliseconds checkpoint_backoff_{0};
+  std::chrono::steady_clock::time_point contended_at_{};
+  std::chrono::steady_clock::time_point committed_at_{};
+
+  // Who holds mutex_, read by calls that wait for it.
+  std::atomic<const char*> holder_doing_{nullptr};
+  std::atomic<std::int64_t> holder_since_{0};
+  std::atomic<bool> holder_in_business_{false};
+  std::atomic<std::thread::id> holder_thread_{};
 };
 
 static_assert(store<SqliteStore>);
 static_assert(monitored_store<SqliteStore>);
+static_assert(explaining_store<SqliteStore>);
+static_assert(lease_extending_store<SqliteStore>);
+static_assert(redrivable_store<SqliteStore>);
 
 }  // namespace idemgate
