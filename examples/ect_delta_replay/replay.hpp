@@ -110,7 +110,9 @@ class Queue {
           if (++m.attempt >= max_attempts)
             ++dead_;
           else
-            pending_.push_back(m);  // the visibility timeout ran out: it comes back
+            // A short visibility timeout: it comes back next, while the lease of a crashed
+            // worker still runs (so only the reconciler finishes what the crash left behind).
+            pending_.push_front(m);
         }
       });
     for (auto& t : threads) t.join();
