@@ -1,5 +1,7 @@
 #pragma once
 
+#include "errors.hpp"
+
 #include <charconv>
 #include <concepts>
 #include <cstdint>
@@ -9,12 +11,6 @@
 #include <type_traits>
 
 namespace idemgate {
-
-/// Thrown when a request or outcome cannot be turned into bytes or back.
-class CodecError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 /**
  * How a request or outcome type becomes the bytes a store keeps, and back.

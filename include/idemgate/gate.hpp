@@ -5,6 +5,7 @@
 #include "detail/durations.hpp"
 #include "detail/lru_cache.hpp"
 #include "detail/sha256.hpp"
+#include "errors.hpp"
 #include "outcome.hpp"
 #include "signals.hpp"
 
@@ -22,13 +23,6 @@
 #include <vector>
 
 namespace idemgate {
-
-/// Thrown before anything is written when a request cannot be used: too large, or its codec
-/// failed. Nothing is reserved; fix the request (or the codec) and do not retry as is.
-class RequestError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
 
 /// Tuning of a `Gate`.
 struct GateOptions {
@@ -633,7 +627,7 @@ class Gate {
   Apply apply_;
   GateOptions options_;
   Observer& observer_;
-  detail::LruCache<CachedOutcome> cache_;
+  detail::LruCache<Key, CachedOutcome, KeyHash> cache_;
 };
 
 /// Deduces a gate without an observer.

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "detail/sha256.hpp"
+#include "errors.hpp"
 
 #include <array>
 #include <compare>
@@ -15,12 +16,6 @@
 #include <string_view>
 
 namespace idemgate {
-
-/// Thrown when a key cannot be derived from the given parts.
-class KeyError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
 
 /// An idempotency key: the 32 raw bytes of a SHA-256 digest.
 ///

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "../record.hpp"
+#include "../errors.hpp"
 #include "pqxx_compat.hpp"
 
 #include <chrono>

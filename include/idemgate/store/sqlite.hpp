@@ -43,7 +43,7 @@ struct SqliteBlob {
 /// Tuning of a `SqliteStore`.
 struct SqliteOptions {
   /// Where "now" comes from: leases, staleness and timestamps are measured with it.
-  using Clock = std::function<std::chrono::system_clock::time_point()>;
+  using Clock = WallClock;
 
   /// The idempotency log's table: letters, digits and underscores (SQLite has no schemas).
   std::string table = "idemgate_log";
