@@ -2,9 +2,9 @@
 
 #include "batch.hpp"
 #include "concepts.hpp"
+#include "detail/crypto/sha256.hpp"
 #include "detail/durations.hpp"
 #include "detail/lru_cache.hpp"
-#include "detail/sha256.hpp"
 #include "errors.hpp"
 #include "outcome.hpp"
 #include "signals.hpp"

@@ -1,9 +1,9 @@
 #pragma once
 
 #include "../concepts.hpp"
-#include "../detail/connection_pool.hpp"
 #include "../detail/durations.hpp"
-#include "../detail/pqxx_compat.hpp"
+#include "../detail/postgres/connection_pool.hpp"
+#include "../detail/postgres/pqxx_compat.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
 

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "../errors.hpp"
+#include "../../errors.hpp"
 #include "pqxx_compat.hpp"
 
 #include <chrono>
