@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// How requests and outcomes become the bytes a store keeps, and back.
 #pragma once
 
 #include "errors.hpp"

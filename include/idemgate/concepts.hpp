@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// What stores, downstreams, business writes and observers must provide, as concepts.
 #pragma once
 
 #include "codec.hpp"
@@ -97,7 +99,7 @@ concept lookup_downstream = downstream<D> && requires(D& d, const Key& key) {
   { d.lookup(key) } -> std::same_as<LookupResult<typename D::outcome_type>>;
 };
 
-/// Concept: the caller's business write (the TMS booking, the ledger row), run inside the
+/// Concept: the caller's business write (a booking row, a ledger row), run inside the
 /// store's transaction together with the outcome. It takes the transaction, optionally the key
 /// (to record which event wrote the row), the request and the outcome.
 template <class F, class S, class D>

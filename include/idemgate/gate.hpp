@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Gate<Store, Downstream>: reserve, call the downstream, commit, answer.
 #pragma once
 
 #include "batch.hpp"

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Umbrella header: the core of idemgate, without a database or HTTP.
 #pragma once
 
 /// The core of idemgate: keys, results, the policy concepts and the gate. Needs only OpenSSL.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Idempotency keys: SHA-256 over an unambiguous encoding of the upstream's fields.
 #pragma once
 
 #include "detail/crypto/hex.hpp"

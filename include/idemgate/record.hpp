@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// What the idempotency log holds and what a store returns: rows, reservations, signals.
 #pragma once
 
 #include "errors.hpp"

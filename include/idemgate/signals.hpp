@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Alarm thresholds over a store's signals, their evaluation, and the counting observer.
 #pragma once
 
 #include "concepts.hpp"
@@ -21,8 +23,8 @@
 
 namespace idemgate {
 
-/// When the signals call for attention: the story's three alarms. `evaluate` refuses values
-/// outside the ranges below with `std::invalid_argument`.
+/// When the signals call for attention: the thresholds of the alarms `Health` reports.
+/// `evaluate` refuses values outside the ranges below with `std::invalid_argument`.
 struct SignalThresholds {
   /// At least this many events in the window before a duplicate ratio of 0 is suspicious: at
   /// least 1; the type's `max()` turns the alarm off.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// A bounded, thread-safe LRU map: the gate's cache of committed outcomes.
 #pragma once
 
 #include <cstddef>

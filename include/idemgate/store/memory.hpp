@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// MemoryStore: an in-process store for tests; not durable.
 #pragma once
 
 #include "../concepts.hpp"

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// PostgresStore: the production store on PostgreSQL (libpqxx, idemgate::postgres).
 #pragma once
 
 #include "../concepts.hpp"

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// SqliteStore: the embedded store in one SQLite file (idemgate::sqlite).
 #pragma once
 
 #include "../concepts.hpp"

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Standard Webhooks signatures: verification, replay window and signing.
 #pragma once
 
 /// Standard Webhooks 1.0 (https://www.standardwebhooks.com): signature verification, replay

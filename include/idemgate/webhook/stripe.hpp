@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Stripe webhook signatures: verification, replay window and signing.
 #pragma once
 
 /// Stripe webhook signatures (`Stripe-Signature: t=...,v1=...`): verification, replay window

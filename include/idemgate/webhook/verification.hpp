@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// What the webhook verifiers share: rejections, results, replay window, headers.
 #pragma once
 
 /// What the webhook verifiers share: the rejection reasons, the verification result, the replay

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Lowercase hex encoding and hex decoding of bytes; includes nothing of idemgate.
 #pragma once
 
 #include <cstddef>

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// The PostgreSQL connection pool under PostgresStore, and connection-string redaction.
 #pragma once
 
 #include "../../errors.hpp"

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Every difference between libpqxx versions, for PostgresStore and its tests.
 #pragma once
 
 // Every difference between libpqxx versions lives here: 6.4 (Debian 12), 7.x and 8.x.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Copying, locking and restoring SQLite database files, for SqliteStore.
 #pragma once
 
 #include "../../errors.hpp"

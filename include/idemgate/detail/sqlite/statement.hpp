@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// The SQLite wrapper under SqliteStore: errors with advice, statements, bindings.
 #pragma once
 
 #include "../../errors.hpp"
