@@ -8,6 +8,7 @@
 #include "../detail/sqlite/statement.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
+#include "log_row.hpp"
 
 #include <sqlite3.h>
 
@@ -69,20 +70,9 @@ struct SqliteOptions {
 
 namespace detail::sqlite {
 
-/// Whether `name` is a plain SQL identifier of 1 to 63 letters, digits and underscores.
-inline bool is_identifier(std::string_view name) {
-  if (name.empty() || name.size() > 63) return false;
-  const auto first = static_cast<unsigned char>(name.front());
-  if (!(std::isalpha(first) || first == '_')) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    const auto u = static_cast<unsigned char>(c);
-    return std::isalnum(u) || u == '_';
-  });
-}
-
 /// Checks a table name; throws `std::invalid_argument` that says what to use instead.
 inline std::string checked_table_name(std::string table) {
-  if (!is_identifier(table))
+  if (!idemgate::detail::is_identifier(table, 63))
     throw std::invalid_argument("idemgate: \"" + table +
                                 "\" is not a usable SQLite table name; use a plain name (not "
                                 "schema.table) of 1 to 63 letters, digits and underscores, "
@@ -125,21 +115,20 @@ std::int64_t earlier(std::int64_t at, std::chrono::duration<Rep, Period> d) {
 /// The lease end of a released row: before every instant the clock can give.
 inline constexpr std::int64_t ended_lease = std::numeric_limits<std::int64_t>::min();
 
-/// Microseconds since the epoch as a time point; values past what the clock's duration holds
-/// (such as `ended_lease`) saturate to the clock's minimum or maximum instead of overflowing.
-inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
-  using time_point = std::chrono::system_clock::time_point;
-  constexpr std::int64_t lowest =
-      std::chrono::duration_cast<std::chrono::microseconds>(time_point::min().time_since_epoch())
-          .count();
-  constexpr std::int64_t highest =
-      std::chrono::duration_cast<std::chrono::microseconds>(time_point::max().time_since_epoch())
-          .count();
-  if (micros <= lowest) return time_point::min();
-  if (micros >= highest) return time_point::max();
-  return time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-      std::chrono::microseconds(micros)));
-}
+/// One row of a statement as `to_record` and `signals_from` read it (text reads as bytes).
+struct Row {
+  /// The statement, stepped onto the row.
+  const Statement& statement;
+  /// Whether column `column` is NULL.
+  [[nodiscard]] bool is_null(int column) const { return statement.is_null(column); }
+  /// Column `column` as an integer.
+  [[nodiscard]] std::int64_t int64(int column) const { return statement.int64(column); }
+  /// Column `column` as bytes.
+  [[nodiscard]] std::string bytes(int column) const { return statement.bytes(column); }
+  /// Column `column` as text.
+  [[nodiscard]] std::string text(int column) const { return statement.bytes(column); }
+};
+static_assert(log_row<Row>);
 
 }  // namespace detail::sqlite
 
@@ -503,7 +492,7 @@ class SqliteStore {
       detail::sqlite::ResetGuard guard(read);
       read.bind("reading a key", key);
       if (!read.step("reading a key")) return std::nullopt;
-      return to_record(read);
+      return detail::to_record(detail::sqlite::Row{read});
     });
   }
 
@@ -521,10 +510,10 @@ class SqliteStore {
         auto& take = statement(sql_.take_stale);
         detail::sqlite::ResetGuard guard(take);
         take.bind("taking stale rows", now, detail::sqlite::earlier(now, stale_after),
-                  detail::sqlite::later(now, lease), sql_limit(limit));
+                  detail::sqlite::later(now, lease), detail::sql_limit(limit));
         while (take.step("taking stale rows"))
-          taken.push_back({key_from(take.bytes(0)), take.int64(1), take.bytes(2), take.int64(3),
-                           take.is_null(4) ? std::string() : take.bytes(4)});
+          taken.push_back({detail::key_from(take.bytes(0)), take.int64(1), take.bytes(2),
+                           take.int64(3), take.is_null(4) ? std::string() : take.bytes(4)});
       }
       end("taking stale rows");
       return taken;
@@ -536,9 +525,10 @@ class SqliteStore {
     return run("listing escalated rows", nullptr, [&] {
       auto& list = statement(sql_.escalated);
       detail::sqlite::ResetGuard guard(list);
-      list.bind("listing escalated rows", sql_limit(limit));
+      list.bind("listing escalated rows", detail::sql_limit(limit));
       std::vector<Record> parked;
-      while (list.step("listing escalated rows")) parked.push_back(to_record(list));
+      while (list.step("listing escalated rows"))
+        parked.push_back(detail::to_record(detail::sqlite::Row{list}));
       return parked;
     });
   }
@@ -596,8 +586,8 @@ class SqliteStore {
       begin();
       const std::int64_t changed =
           change(sql_.redrive_range, "re-driving failed rows", detail::sqlite::to_micros(from),
-                 detail::sqlite::to_micros(to), sql_limit(limit), detail::sqlite::ended_lease,
-                 now_micros());
+                 detail::sqlite::to_micros(to), detail::sql_limit(limit),
+                 detail::sqlite::ended_lease, now_micros());
       end("re-driving failed rows");
       return static_cast<std::size_t>(changed);
     });
@@ -614,18 +604,12 @@ class SqliteStore {
       read.bind("reading the signals", since);
       if (!read.step("reading the signals"))
         throw StoreError("idemgate: the signals query of " + table_ + " returned no row");
-      StoreSignals s;
-      s.window = window;
-      s.duplicates = read.int64(1);
-      s.events = read.int64(0) + s.duplicates;
-      s.in_flight = read.int64(2);
-      if (!read.is_null(3))
-        s.oldest_in_flight = std::chrono::duration_cast<std::chrono::seconds>(
-            std::chrono::microseconds(now - read.int64(3)));
-      s.escalated = read.int64(4);
-      s.mismatched_keys = read.int64(5);
-      s.mismatches_total = read.int64(6);
-      s.retrying = read.int64(7);
+      // The oldest in-flight row comes as its creation instant in microseconds.
+      StoreSignals s =
+          detail::signals_from(detail::sqlite::Row{read}, window, [now](std::int64_t created) {
+            return std::chrono::duration_cast<std::chrono::seconds>(
+                std::chrono::microseconds(now - created));
+          });
       s.wal_bytes = wal_bytes();
       return s;
     });
@@ -649,11 +633,11 @@ class SqliteStore {
     return run("listing mismatches", nullptr, [&] {
       auto& list = statement(sql_.mismatches);
       detail::sqlite::ResetGuard guard(list);
-      list.bind("listing mismatches", sql_limit(limit));
+      list.bind("listing mismatches", detail::sql_limit(limit));
       std::vector<Mismatch> found;
       while (list.step("listing mismatches"))
-        found.push_back({key_from(list.bytes(0)), list.bytes(1), list.bytes(2), list.bytes(3),
-                         detail::sqlite::from_micros(list.int64(4))});
+        found.push_back({detail::key_from(list.bytes(0)), list.bytes(1), list.bytes(2),
+                         list.bytes(3), detail::from_micros(list.int64(4))});
       return found;
     });
   }
@@ -675,7 +659,7 @@ class SqliteStore {
         begin();
         const std::int64_t cutoff = detail::sqlite::earlier(now_micros(), older_than);
         const std::int64_t changed =
-            change(sql_.purge, "purging finished rows", cutoff, sql_limit(batch));
+            change(sql_.purge, "purging finished rows", cutoff, detail::sql_limit(batch));
         end("purging finished rows");
         return changed;
       });
@@ -794,9 +778,8 @@ class SqliteStore {
   }
 
   static Statements statements(const std::string& t) {
-    const std::string columns =
-        "key, status, fence, request, fingerprint, result, reason, created_at, updated_at, "
-        "lease_until, duplicates, attempts";
+    const std::string columns = detail::record_select_list(
+        [](detail::LogColumn, std::string_view name) { return std::string(name); });
     Statements s;
     // A new key is inserted; a key that exists counts the duplicate and returns the stored row:
     // one statement either way, so no reservation goes uncounted.
@@ -1244,12 +1227,13 @@ class SqliteStore {
                        "redelivery reserves it again.");
     const RecordStatus status = parse_record_status(read.bytes(0));
     const std::int64_t stored = read.int64(1);
-    if (status == RecordStatus::in_flight && stored < fence)
+    const detail::Settled settled = detail::settled_state(status, stored, fence, target);
+    if (settled == detail::Settled::fence_went_back)
       throw StoreError("idemgate: the event's row in " + path_ + " is back at fence " +
                        std::to_string(stored) + ", below this attempt's " + std::to_string(fence) +
                        " (its takeover was lost in a crash or a restore); nothing was written. "
                        "Do not ack: the redelivery or the reconciler takes it over again.");
-    if (status == target && stored == fence) return CommitStatus::committed;
+    if (settled == detail::Settled::by_this_attempt) return CommitStatus::committed;
     return CommitStatus::lost_lease;
   }
 
@@ -1268,39 +1252,6 @@ class SqliteStore {
   }
 
   std::int64_t now_micros() const { return detail::sqlite::to_micros(clock_()); }
-
-  static std::int64_t sql_limit(std::size_t limit) {
-    constexpr auto most = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
-    return static_cast<std::int64_t>(std::min(limit, most));
-  }
-
-  static Key key_from(const std::string& bytes) {
-    Key::bytes_type raw{};
-    if (bytes.size() != raw.size())
-      throw StoreError("idemgate: the store holds a key of " + std::to_string(bytes.size()) +
-                       " bytes; expected 32. Was the table written by another program?");
-    std::memcpy(raw.data(), bytes.data(), raw.size());
-    return Key(raw);
-  }
-
-  static Record to_record(const detail::sqlite::Statement& row) {
-    Record record;
-    record.key = key_from(row.bytes(0));
-    record.status = parse_record_status(row.bytes(1));
-    record.fence = row.int64(2);
-    record.request = row.bytes(3);
-    const std::string fingerprint = row.bytes(4);
-    if (fingerprint.size() == record.fingerprint.size())
-      std::memcpy(record.fingerprint.data(), fingerprint.data(), fingerprint.size());
-    if (!row.is_null(5)) record.result = row.bytes(5);
-    record.reason = row.bytes(6);
-    record.created_at = detail::sqlite::from_micros(row.int64(7));
-    record.updated_at = detail::sqlite::from_micros(row.int64(8));
-    record.lease_until = detail::sqlite::from_micros(row.int64(9));
-    record.duplicates = row.int64(10);
-    record.attempts = row.int64(11);
-    return record;
-  }
 
   // How long a truncating checkpoint may wait for readers, and how long to leave it after one
   // that could not finish (a reader holds a snapshot open).
