@@ -8,6 +8,7 @@
 
 #include "codec.hpp"
 #include "concepts.hpp"
+#include "errors.hpp"
 #include "gate.hpp"
 #include "key.hpp"
 #include "outcome.hpp"
