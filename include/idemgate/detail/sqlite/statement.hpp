@@ -3,7 +3,6 @@
 #pragma once
 
 #include "../../errors.hpp"
-#include "../../key.hpp"
 
 #include <sqlite3.h>
 
@@ -19,7 +18,9 @@
 
 namespace idemgate {
 
-struct SqliteBlob;  // store/sqlite.hpp: bytes that bind as a BLOB
+// Bound as blobs; complete wherever a statement binds them (key.hpp, store/sqlite.hpp).
+class Key;
+struct SqliteBlob;
 
 namespace detail::sqlite {
 
