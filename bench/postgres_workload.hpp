@@ -6,7 +6,7 @@
 #include "bench_support.hpp"
 
 #include <idemgate/codec.hpp>
-#include <idemgate/detail/pqxx_compat.hpp>
+#include <idemgate/detail/postgres/pqxx_compat.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/store/postgres.hpp>
 
@@ -40,15 +40,10 @@ inline const std::string business_statement = "bench_business_insert";
 
 /// Bytes in the text form a bytea parameter takes (`\x` + hex), as any libpq client sends them.
 inline std::string bytea_text(std::string_view bytes) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out(2 + bytes.size() * 2, '\0');
-  out[0] = '\\';
-  out[1] = 'x';
-  for (std::size_t i = 0; i < bytes.size(); ++i) {
-    const auto c = static_cast<unsigned char>(bytes[i]);
-    out[2 + 2 * i] = digits[c >> 4];
-    out[3 + 2 * i] = digits[c & 0x0f];
-  }
+  std::string out;
+  out.reserve(2 + bytes.size() * 2);
+  out += "\\x";
+  idemgate::detail::append_hex(out, bytes);
   return out;
 }
 

@@ -4,7 +4,7 @@
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
 
-#include <idemgate/detail/sha256.hpp>
+#include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/store/memory.hpp>
 #include <idemgate/store/postgres.hpp>

@@ -3,7 +3,7 @@
 #include "support/memory_bookings.hpp"
 #include "support/slot_request.hpp"
 
-#include <idemgate/detail/sha256.hpp>
+#include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/store/memory.hpp>
 

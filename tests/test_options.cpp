@@ -8,8 +8,8 @@
 #include "support/option_samples.hpp"
 #include "support/slot_request.hpp"
 
+#include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/detail/periodic.hpp>
-#include <idemgate/detail/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/reconciler.hpp>
 #include <idemgate/retention.hpp>

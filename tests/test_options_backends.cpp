@@ -7,7 +7,7 @@
 #include "support/option_samples.hpp"
 #include "support/slot_request.hpp"
 
-#include <idemgate/detail/sha256.hpp>
+#include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/retention.hpp>
 

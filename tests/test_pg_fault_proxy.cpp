@@ -4,7 +4,7 @@
 #include "support/pg_fault_proxy.hpp"
 #include "support/postgres.hpp"
 
-#include <idemgate/detail/pqxx_compat.hpp>
+#include <idemgate/detail/postgres/pqxx_compat.hpp>
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>

@@ -2,7 +2,7 @@
 #include "support/manual_clock.hpp"
 #include "support/slot_request.hpp"
 
-#include <idemgate/detail/sha256.hpp>
+#include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/reconciler.hpp>
 #include <idemgate/store/memory.hpp>

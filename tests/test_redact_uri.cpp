@@ -1,7 +1,7 @@
 // Every way libpq accepts a password comes out hidden in messages: URI user info, URI query
 // parameters (percent-encoded too), keyword/value pairs plain, quoted and escaped.
 
-#include <idemgate/detail/connection_pool.hpp>
+#include <idemgate/detail/postgres/connection_pool.hpp>
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include <idemgate/detail/base64.hpp>
+#include <idemgate/detail/crypto/base64.hpp>
 #include <idemgate/webhook/stripe.hpp>
 
 #include <gtest/gtest.h>

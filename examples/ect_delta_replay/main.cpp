@@ -9,7 +9,7 @@
 
 #include "replay.hpp"
 
-#include <idemgate/detail/pqxx_compat.hpp>
+#include <idemgate/detail/postgres/pqxx_compat.hpp>
 #include <idemgate/store/postgres.hpp>
 #include <idemgate/store/sqlite.hpp>
 

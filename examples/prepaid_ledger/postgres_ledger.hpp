@@ -6,7 +6,7 @@
 
 #include "ledger.hpp"
 
-#include <idemgate/detail/pqxx_compat.hpp>
+#include <idemgate/detail/postgres/pqxx_compat.hpp>
 #include <idemgate/store/postgres.hpp>
 
 #include <cstdint>

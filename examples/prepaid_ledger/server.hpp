@@ -18,8 +18,8 @@
 #include "http_edge.hpp"
 #include "ledger.hpp"
 
-#include <idemgate/detail/hmac.hpp>
-#include <idemgate/detail/sha256.hpp>
+#include <idemgate/detail/crypto/hmac.hpp>
+#include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/webhook/standard.hpp>
 
 #include <httplib.h>

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// The batch entry point's types: one message of a batch, and what became of each.
 #pragma once
 
 #include "key.hpp"

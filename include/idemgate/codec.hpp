@@ -1,4 +1,8 @@
+// SPDX-License-Identifier: MIT
+// How requests and outcomes become the bytes a store keeps, and back.
 #pragma once
+
+#include "errors.hpp"
 
 #include <charconv>
 #include <concepts>
@@ -9,12 +13,6 @@
 #include <type_traits>
 
 namespace idemgate {
-
-/// Thrown when a request or outcome cannot be turned into bytes or back.
-class CodecError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 /**
  * How a request or outcome type becomes the bytes a store keeps, and back.

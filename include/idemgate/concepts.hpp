@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// What stores, downstreams, business writes and observers must provide, as concepts.
 #pragma once
 
 #include "codec.hpp"
@@ -9,6 +11,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -96,7 +99,7 @@ concept lookup_downstream = downstream<D> && requires(D& d, const Key& key) {
   { d.lookup(key) } -> std::same_as<LookupResult<typename D::outcome_type>>;
 };
 
-/// Concept: the caller's business write (the TMS booking, the ledger row), run inside the
+/// Concept: the caller's business write (a booking row, a ledger row), run inside the
 /// store's transaction together with the outcome. It takes the transaction, optionally the key
 /// (to record which event wrote the row), the request and the outcome.
 template <class F, class S, class D>
@@ -105,5 +108,39 @@ concept business_write =
                    const typename D::outcome_type&> ||
     std::invocable<F&, typename S::transaction&, const Key&, const typename D::request_type&,
                    const typename D::outcome_type&>;
+
+/**
+ * Concept: a store that can report the signals and keep itself small.
+ *
+ * `signals(window)` reads the three signals; `record_mismatch` keeps a downstream answer that
+ * differed from the stored one; `purge(older_than, batch)` deletes finished rows (committed or
+ * failed, never in flight or escalated) that finished longer ago than `older_than`, `batch` rows
+ * per statement, and returns how many it deleted.
+ */
+template <class S>
+concept monitored_store = requires(S& s, std::chrono::seconds window, const Key& key,
+                                   std::string_view bytes, std::size_t limit) {
+  { s.signals(window) } -> std::same_as<StoreSignals>;
+  s.record_mismatch(key, bytes, bytes, bytes);
+  { s.mismatches(limit) } -> std::same_as<std::vector<Mismatch>>;
+  { s.purge(window, limit) } -> std::same_as<std::size_t>;
+};
+
+/**
+ * Concept: what the gate and the reconciler tell an observer, so users feed their own metrics
+ * and logs without the library choosing a dependency. Called on the worker's thread; keep it
+ * cheap and thread-safe.
+ */
+template <class O>
+concept observer = requires(O& o, const Key& key, Status status, std::chrono::nanoseconds took,
+                            std::string_view bytes) {
+  o.on_result(key, status, took);
+  o.on_reconciled(key, status);
+  o.on_mismatch(key, bytes, bytes);
+};
+
+/// Where a store reads "now" from: leases, staleness and timestamps are measured with it.
+/// Injectable so tests can expire leases without sleeping.
+using WallClock = std::function<std::chrono::system_clock::time_point()>;
 
 }  // namespace idemgate

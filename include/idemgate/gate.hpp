@@ -1,10 +1,13 @@
+// SPDX-License-Identifier: MIT
+// Gate<Store, Downstream>: reserve, call the downstream, commit, answer.
 #pragma once
 
 #include "batch.hpp"
 #include "concepts.hpp"
+#include "detail/crypto/sha256.hpp"
 #include "detail/durations.hpp"
 #include "detail/lru_cache.hpp"
-#include "detail/sha256.hpp"
+#include "errors.hpp"
 #include "outcome.hpp"
 #include "signals.hpp"
 
@@ -22,13 +25,6 @@
 #include <vector>
 
 namespace idemgate {
-
-/// Thrown before anything is written when a request cannot be used: too large, or its codec
-/// failed. Nothing is reserved; fix the request (or the codec) and do not retry as is.
-class RequestError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
 
 /// Tuning of a `Gate`.
 struct GateOptions {
@@ -185,41 +181,38 @@ class Gate {
   BatchResult<outcome_type> process_batch(std::span<const BatchMessage<request_type>> messages) {
     const auto started = std::chrono::steady_clock::now();
     const std::size_t n = messages.size();
-    std::vector<std::optional<result_type>> results(n);
-    std::vector<std::string> bytes(n);
-    std::vector<Fingerprint> fingerprints(n);
-    std::vector<std::size_t> first(n);
+    std::vector<BatchSlot> slots(n);
     std::unordered_map<Key, std::size_t, KeyHash> seen;
     std::vector<std::size_t> pending;  // first occurrences that need the store
     for (std::size_t i = 0; i < n; ++i) {
-      first[i] = i;
+      BatchSlot& slot = slots[i];
+      slot.first = i;
       try {
-        bytes[i] = encode_request(messages[i].request);
+        slot.bytes = encode_request(messages[i].request);
       } catch (const RequestError& e) {
-        results[i] = result_type::because(Status::failed, e.what());
+        slot.result = result_type::because(Status::failed, e.what());
         continue;
       }
-      fingerprints[i] = detail::sha256(bytes[i]);
+      slot.fingerprint = detail::sha256(slot.bytes);
       // The first usable message of a key speaks for the batch's later copies of it.
-      first[i] = seen.try_emplace(messages[i].key, i).first->second;
-      if (first[i] != i) {
-        if (fingerprints[i] != fingerprints[first[i]]) {
-          results[i] = result_type::because(
+      slot.first = seen.try_emplace(messages[i].key, i).first->second;
+      if (slot.first != i) {
+        if (slot.fingerprint != slots[slot.first].fingerprint) {
+          slot.result = result_type::because(
               Status::conflict,
               "this key came twice in one batch with different requests; the key derivation "
               "is not stable or two events share a key");
-          first[i] = i;
+          slot.first = i;
         }
         continue;
       }
       if (auto hit = cache_.get(messages[i].key))
-        results[i] = answer_cached(*hit, fingerprints[i]);
+        slot.result = answer_cached(*hit, slot.fingerprint);
       else
         pending.push_back(i);
     }
 
-    const std::vector<Reservation> reservations =
-        reserve_all(messages, pending, bytes, fingerprints);
+    const std::vector<Reservation> reservations = reserve_all(messages, pending, slots);
     // Every lease this batch holds: kept alive while the downstream is called one event after
     // another, and given back if the batch cannot finish (a store failure must not leave them
     // live, or the redeliveries would be answered "in flight" and acked while nobody works).
@@ -230,35 +223,34 @@ class Gate {
     detail::LeaseKeeper<Store> keeper(store_, options_.lease);
     keeper.hold(held);
     try {
-      std::vector<std::size_t> to_commit;
-      std::vector<outcome_type> outcomes;
+      std::vector<BatchCommit> commits;
       for (std::size_t p = 0; p < pending.size(); ++p) {
         const std::size_t i = pending[p];
         const Reservation& r = reservations[p];
         const Key& key = messages[i].key;
+        BatchSlot& slot = slots[i];
         if (r.kind == Reservation::Kind::existing) {
-          remember(key, fingerprints[i], r);
-          results[i] = answer_existing(r);
+          remember(key, slot.fingerprint, r);
+          slot.result = answer_existing(r);
           continue;
         }
         keeper.keep_alive();
         if constexpr (!Downstream::honours_idempotency_key) {
-          results[i] = start(key, messages[i].request, fingerprints[i], r);
+          slot.result = start(key, messages[i].request, slot.fingerprint, r);
           keeper.drop(key);
         } else {
           const ClaimResult<outcome_type> answer = claim(key, messages[i].request);
           if (answer.ok()) {
-            to_commit.push_back(p);
-            outcomes.push_back(answer.outcome());
+            commits.push_back(
+                {i, r.fence, r.kind == Reservation::Kind::taken_over, answer.outcome(), {}});
           } else {
-            results[i] = finish(key, r.fence, messages[i].request, answer);
+            slot.result = finish(key, r.fence, messages[i].request, answer);
             keeper.drop(key);
           }
         }
       }
       keeper.keep_alive();
-      commit_all(messages, pending, reservations, fingerprints, to_commit, outcomes, results,
-                 keeper);
+      commit_all(messages, slots, commits, keeper);
     } catch (...) {
       give_back(held);
       throw;
@@ -268,8 +260,8 @@ class Gate {
     items.reserve(n);
     const auto took = std::chrono::steady_clock::now() - started;
     for (std::size_t i = 0; i < n; ++i) {
-      result_type result = *results[first[i]];
-      if (first[i] != i && result.has_outcome())
+      result_type result = *slots[slots[i].first].result;
+      if (slots[i].first != i && result.has_outcome())
         result = result_type::with(Status::duplicate, result.outcome());
       observer_.on_result(messages[i].key, result.status(), took / static_cast<long>(n));
       items.push_back({messages[i].message_id, std::move(result)});
@@ -442,95 +434,104 @@ class Gate {
     cache_.put(key, {fingerprint, std::move(bytes)});
   }
 
+  // One message of a batch as `process_batch` works through it.
+  struct BatchSlot {
+    // The request's canonical bytes and their SHA-256.
+    std::string bytes;
+    Fingerprint fingerprint{};
+    // The message that answers for this one: itself, or the batch's first message of its key.
+    std::size_t first = 0;
+    // Its answer, once known.
+    std::optional<result_type> result;
+  };
+
+  // One event of a batch whose downstream gave an outcome to commit under the fence it holds.
+  struct BatchCommit {
+    // The event's message, by position in the batch.
+    std::size_t index = 0;
+    std::int64_t fence = 0;
+    bool took_over = false;
+    outcome_type outcome;
+    // The outcome's bytes, encoded by `commit_all`.
+    std::string outcome_bytes;
+  };
+
   std::vector<Reservation> reserve_all(std::span<const BatchMessage<request_type>> messages,
                                        const std::vector<std::size_t>& pending,
-                                       const std::vector<std::string>& bytes,
-                                       const std::vector<Fingerprint>& fingerprints) {
+                                       const std::vector<BatchSlot>& slots) {
     if constexpr (requires(std::span<const ReserveItem> items) {
                     store_.reserve_batch(items, options_.lease);
                   }) {
       std::vector<ReserveItem> items;
       items.reserve(pending.size());
-      for (std::size_t i : pending) items.push_back({messages[i].key, fingerprints[i], bytes[i]});
+      for (std::size_t i : pending)
+        items.push_back({messages[i].key, slots[i].fingerprint, slots[i].bytes});
       if (!items.empty()) return store_.reserve_batch(items, options_.lease);
       return {};
     } else {
       std::vector<Reservation> reservations;
       for (std::size_t i : pending)
         reservations.push_back(
-            store_.reserve(messages[i].key, fingerprints[i], bytes[i], options_.lease));
+            store_.reserve(messages[i].key, slots[i].fingerprint, slots[i].bytes, options_.lease));
       return reservations;
     }
   }
 
-  void commit_all(
-      std::span<const BatchMessage<request_type>> messages, const std::vector<std::size_t>& pending,
-      const std::vector<Reservation>& reservations, const std::vector<Fingerprint>& fingerprints,
-      const std::vector<std::size_t>& to_commit, const std::vector<outcome_type>& outcomes,
-      std::vector<std::optional<result_type>>& results, detail::LeaseKeeper<Store>& keeper) {
-    if (to_commit.empty()) return;
-    auto settle_one = [&](std::size_t c, CommitStatus status, const std::string& outcome_bytes) {
-      const std::size_t i = pending[to_commit[c]];
+  void commit_all(std::span<const BatchMessage<request_type>> messages,
+                  std::vector<BatchSlot>& slots, std::vector<BatchCommit>& commits,
+                  detail::LeaseKeeper<Store>& keeper) {
+    if (commits.empty()) return;
+    auto settle_one = [&](const BatchCommit& c, CommitStatus status) {
+      std::optional<result_type>& result = slots[c.index].result;
       if (status == CommitStatus::committed) {
-        remember(messages[i].key, fingerprints[i], outcomes[c]);
-        results[i] = result_type::with(Status::processed, outcomes[c]);
+        remember(messages[c.index].key, slots[c.index].fingerprint, c.outcome);
+        result = result_type::with(Status::processed, c.outcome);
       } else {
-        note_mismatch(messages[i].key, outcome_bytes, "lost_lease");
-        results[i] = lost_lease_result();
+        note_mismatch(messages[c.index].key, c.outcome_bytes, "lost_lease");
+        result = lost_lease_result();
       }
-      if (reservations[to_commit[c]].kind == Reservation::Kind::taken_over)
-        results[i]->set_took_over();
+      if (c.took_over) result->set_took_over();
     };
-    std::vector<std::string> outcome_bytes(to_commit.size());
-    for (std::size_t c = 0; c < to_commit.size(); ++c)
-      codec<outcome_type>::encode(outcomes[c], outcome_bytes[c]);
+    for (BatchCommit& c : commits) codec<outcome_type>::encode(c.outcome, c.outcome_bytes);
     if constexpr (requires(std::span<const CommitItem> items) {
                     store_.commit_batch(items, [](typename Store::transaction&, std::size_t) {});
                   }) {
       std::vector<CommitItem> items;
-      items.reserve(to_commit.size());
-      for (std::size_t c = 0; c < to_commit.size(); ++c) {
-        const std::size_t p = to_commit[c];
-        items.push_back({messages[pending[p]].key, reservations[p].fence, outcome_bytes[c]});
-      }
+      items.reserve(commits.size());
+      for (const BatchCommit& c : commits)
+        items.push_back({messages[c.index].key, c.fence, c.outcome_bytes});
       std::optional<std::vector<CommitStatus>> statuses;
       try {
-        statuses = store_.commit_batch(items, [&](typename Store::transaction& tx, std::size_t c) {
-          const std::size_t i = pending[to_commit[c]];
-          apply(tx, messages[i].key, messages[i].request, outcomes[c]);
+        statuses = store_.commit_batch(items, [&](typename Store::transaction& tx, std::size_t k) {
+          const BatchCommit& c = commits[k];
+          apply(tx, messages[c.index].key, messages[c.index].request, c.outcome);
         });
       } catch (const BusinessWriteError& e) {
         // Not one by one: the broken business write would run again outside a transaction. No
         // message of the group is acked; every lease is given back for the redeliveries.
-        for (std::size_t c = 0; c < to_commit.size(); ++c) {
-          const std::size_t p = to_commit[c];
-          const std::size_t i = pending[p];
-          give_back_one(messages[i].key, reservations[p].fence, e.what());
-          results[i] = result_type::because(Status::retry, e.what());
+        for (const BatchCommit& c : commits) {
+          give_back_one(messages[c.index].key, c.fence, e.what());
+          slots[c.index].result = result_type::because(Status::retry, e.what());
         }
         return;
       }
       if (statuses) {
-        for (std::size_t c = 0; c < to_commit.size(); ++c)
-          settle_one(c, (*statuses)[c], outcome_bytes[c]);
+        for (std::size_t k = 0; k < commits.size(); ++k) settle_one(commits[k], (*statuses)[k]);
         return;
       }
     }
     // One by one: a refused business write costs only its own message.
-    for (std::size_t c = 0; c < to_commit.size(); ++c) {
-      const std::size_t p = to_commit[c];
-      const std::size_t i = pending[p];
+    for (const BatchCommit& c : commits) {
+      const Key& key = messages[c.index].key;
       keeper.keep_alive();
-      keeper.drop(messages[i].key);  // from here on, its commit decides (and may give it back)
+      keeper.drop(key);  // from here on, its commit decides (and may give it back)
       try {
-        settle_one(c,
-                   commit_or_release(messages[i].key, reservations[p].fence, messages[i].request,
-                                     outcomes[c], outcome_bytes[c]),
-                   outcome_bytes[c]);
+        settle_one(c, commit_or_release(key, c.fence, messages[c.index].request, c.outcome,
+                                        c.outcome_bytes));
       } catch (const std::exception& e) {
-        results[i] = result_type::because(Status::retry,
-                                          std::string("the commit failed: ") + e.what() +
-                                              "; the event's lease was ended for the redelivery");
+        slots[c.index].result = result_type::because(
+            Status::retry, std::string("the commit failed: ") + e.what() +
+                               "; the event's lease was ended for the redelivery");
       }
     }
   }
@@ -633,7 +634,7 @@ class Gate {
   Apply apply_;
   GateOptions options_;
   Observer& observer_;
-  detail::LruCache<CachedOutcome> cache_;
+  detail::LruCache<Key, CachedOutcome, KeyHash> cache_;
 };
 
 /// Deduces a gate without an observer.

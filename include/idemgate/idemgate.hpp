@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Umbrella header: the core of idemgate, without a database or HTTP.
 #pragma once
 
 /// The core of idemgate: keys, results, the policy concepts and the gate. Needs only OpenSSL.
@@ -6,6 +8,7 @@
 
 #include "codec.hpp"
 #include "concepts.hpp"
+#include "errors.hpp"
 #include "gate.hpp"
 #include "key.hpp"
 #include "outcome.hpp"

@@ -1,6 +1,10 @@
+// SPDX-License-Identifier: MIT
+// Idempotency keys: SHA-256 over an unambiguous encoding of the upstream's fields.
 #pragma once
 
-#include "detail/sha256.hpp"
+#include "detail/crypto/hex.hpp"
+#include "detail/crypto/sha256.hpp"
+#include "errors.hpp"
 
 #include <array>
 #include <compare>
@@ -15,12 +19,6 @@
 #include <string_view>
 
 namespace idemgate {
-
-/// Thrown when a key cannot be derived from the given parts.
-class KeyError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
 
 /// An idempotency key: the 32 raw bytes of a SHA-256 digest.
 ///
@@ -51,12 +49,8 @@ class Key {
 
   /// Lowercase hex without allocating.
   [[nodiscard]] hex_type hex_chars() const noexcept {
-    static constexpr char digits[] = "0123456789abcdef";
     hex_type out{};
-    for (std::size_t i = 0; i < size; ++i) {
-      out[2 * i] = digits[bytes_[i] >> 4];
-      out[2 * i + 1] = digits[bytes_[i] & 0x0f];
-    }
+    for (std::size_t i = 0; i < size; ++i) detail::hex_pair(bytes_[i], &out[2 * i]);
     return out;
   }
 
@@ -68,14 +62,8 @@ class Key {
 
   /// Parses 64 hex digits (either case); nullopt for anything else.
   [[nodiscard]] static std::optional<Key> from_hex(std::string_view text) noexcept {
-    if (text.size() != size * 2) return std::nullopt;
     bytes_type bytes{};
-    for (std::size_t i = 0; i < size; ++i) {
-      const int high = hex_value(text[2 * i]);
-      const int low = hex_value(text[2 * i + 1]);
-      if (high < 0 || low < 0) return std::nullopt;
-      bytes[i] = static_cast<unsigned char>((high << 4) | low);
-    }
+    if (!detail::decode_hex(text, bytes.data(), bytes.size())) return std::nullopt;
     return Key(bytes);
   }
 
@@ -85,13 +73,6 @@ class Key {
   friend constexpr auto operator<=>(const Key&, const Key&) noexcept = default;
 
  private:
-  static constexpr int hex_value(char c) noexcept {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  }
-
   bytes_type bytes_{};
 };
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// What a caller gets back from the gate, and whether to ack the message.
 #pragma once
 
 #include "key.hpp"

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Counters and store signals in the Prometheus text exposition format.
 #pragma once
 
 #include "outcome.hpp"

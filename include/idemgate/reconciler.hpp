@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Reconciler: finishes in-flight work that a crashed or stalled worker left behind.
 #pragma once
 
 #include "concepts.hpp"

@@ -1,5 +1,8 @@
+// SPDX-License-Identifier: MIT
+// What the idempotency log holds and what a store returns: rows, reservations, signals.
 #pragma once
 
+#include "errors.hpp"
 #include "key.hpp"
 
 #include <array>
@@ -190,20 +193,37 @@ struct CommitItem {
   std::string_view result;
 };
 
-/// Thrown when a store cannot do its work: the database is unreachable, a commit's fate is
-/// unknown, the schema is missing. The message says what to do; do not ack the message.
-class StoreError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+/// The three signals of a gate, read from its store over a window, plus the rows that need a
+/// human. A gate fails silently if nobody watches these.
+struct StoreSignals {
+  /// The window the event counts cover.
+  std::chrono::seconds window{0};
+  /// Reservations in the window: first deliveries plus those that met an existing key. Counted
+  /// per event reserved in the window (a late duplicate counts toward its event's window).
+  std::int64_t events = 0;
+  /// Reservations in the window that met an existing key.
+  std::int64_t duplicates = 0;
+  /// Rows in flight now.
+  std::int64_t in_flight = 0;
+  /// Age of the oldest in-flight row; nullopt when there is none.
+  std::optional<std::chrono::seconds> oldest_in_flight;
+  /// Rows parked for a human now.
+  std::int64_t escalated = 0;
+  /// Keys for which the downstream gave more than one distinct result, in the window.
+  std::int64_t mismatched_keys = 0;
+  /// Every mismatch ever recorded (a counter: it only grows, until purged).
+  std::int64_t mismatches_total = 0;
+  /// In-flight rows held by more than one attempt so far: work that failed or stalled before
+  /// and is being retried. A number that keeps growing means poison rows.
+  std::int64_t retrying = 0;
+  /// Bytes in the store's write-ahead log file, where the store keeps one of its own (SQLite);
+  /// nullopt elsewhere.
+  std::optional<std::int64_t> wal_bytes;
 
-/// Thrown when the business write broke the store's transaction: it swallowed an SQL error that
-/// ended the transaction, or took transaction control itself. Nothing of the log was committed
-/// and the event's lease was ended; do not ack, and fix the business write (let its SQL errors
-/// propagate, or recover from an expected one with a savepoint).
-class BusinessWriteError : public StoreError {
- public:
-  using StoreError::StoreError;
+  /// Duplicates ÷ events; 0 without events. Normal: 1–3 %.
+  [[nodiscard]] double duplicate_ratio() const noexcept {
+    return events == 0 ? 0.0 : static_cast<double>(duplicates) / static_cast<double>(events);
+  }
 };
 
 }  // namespace idemgate

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Retention: purges finished rows older than the dedup window.
 #pragma once
 
 #include "detail/durations.hpp"

@@ -1,5 +1,8 @@
+// SPDX-License-Identifier: MIT
+// Alarm thresholds over a store's signals, their evaluation, and the counting observer.
 #pragma once
 
+#include "concepts.hpp"
 #include "detail/durations.hpp"
 #include "key.hpp"
 #include "outcome.hpp"
@@ -20,41 +23,8 @@
 
 namespace idemgate {
 
-/// The three signals of a gate, read from its store over a window, plus the rows that need a
-/// human. A gate fails silently if nobody watches these.
-struct StoreSignals {
-  /// The window the event counts cover.
-  std::chrono::seconds window{0};
-  /// Reservations in the window: first deliveries plus those that met an existing key. Counted
-  /// per event reserved in the window (a late duplicate counts toward its event's window).
-  std::int64_t events = 0;
-  /// Reservations in the window that met an existing key.
-  std::int64_t duplicates = 0;
-  /// Rows in flight now.
-  std::int64_t in_flight = 0;
-  /// Age of the oldest in-flight row; nullopt when there is none.
-  std::optional<std::chrono::seconds> oldest_in_flight;
-  /// Rows parked for a human now.
-  std::int64_t escalated = 0;
-  /// Keys for which the downstream gave more than one distinct result, in the window.
-  std::int64_t mismatched_keys = 0;
-  /// Every mismatch ever recorded (a counter: it only grows, until purged).
-  std::int64_t mismatches_total = 0;
-  /// In-flight rows held by more than one attempt so far: work that failed or stalled before
-  /// and is being retried. A number that keeps growing means poison rows.
-  std::int64_t retrying = 0;
-  /// Bytes in the store's write-ahead log file, where the store keeps one of its own (SQLite);
-  /// nullopt elsewhere.
-  std::optional<std::int64_t> wal_bytes;
-
-  /// Duplicates ÷ events; 0 without events. Normal: 1–3 %.
-  [[nodiscard]] double duplicate_ratio() const noexcept {
-    return events == 0 ? 0.0 : static_cast<double>(duplicates) / static_cast<double>(events);
-  }
-};
-
-/// When the signals call for attention: the story's three alarms. `evaluate` refuses values
-/// outside the ranges below with `std::invalid_argument`.
+/// When the signals call for attention: the thresholds of the alarms `Health` reports.
+/// `evaluate` refuses values outside the ranges below with `std::invalid_argument`.
 struct SignalThresholds {
   /// At least this many events in the window before a duplicate ratio of 0 is suspicious: at
   /// least 1; the type's `max()` turns the alarm off.
@@ -114,36 +84,6 @@ struct Health {
   h.result_mismatch = s.mismatched_keys > 0;
   return h;
 }
-
-/**
- * Concept: a store that can report the signals and keep itself small.
- *
- * `signals(window)` reads the three signals; `record_mismatch` keeps a downstream answer that
- * differed from the stored one; `purge(older_than, batch)` deletes finished rows (committed or
- * failed, never in flight or escalated) that finished longer ago than `older_than`, `batch` rows
- * per statement, and returns how many it deleted.
- */
-template <class S>
-concept monitored_store = requires(S& s, std::chrono::seconds window, const Key& key,
-                                   std::string_view bytes, std::size_t limit) {
-  { s.signals(window) } -> std::same_as<StoreSignals>;
-  s.record_mismatch(key, bytes, bytes, bytes);
-  { s.mismatches(limit) } -> std::same_as<std::vector<Mismatch>>;
-  { s.purge(window, limit) } -> std::same_as<std::size_t>;
-};
-
-/**
- * Concept: what the gate and the reconciler tell an observer, so users feed their own metrics
- * and logs without the library choosing a dependency. Called on the worker's thread; keep it
- * cheap and thread-safe.
- */
-template <class O>
-concept observer = requires(O& o, const Key& key, Status status, std::chrono::nanoseconds took,
-                            std::string_view bytes) {
-  o.on_result(key, status, took);
-  o.on_reconciled(key, status);
-  o.on_mismatch(key, bytes, bytes);
-};
 
 /// An observer that ignores everything (the default; compiles away).
 struct NullObserver {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// The version of idemgate, defined once.
 #pragma once
 
 /// Major version of idemgate.

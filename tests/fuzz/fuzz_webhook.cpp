@@ -6,7 +6,7 @@
 // (missing fields are empty; the body keeps any further newlines). Besides "no crash, no UB",
 // it checks properties that must hold for every input, and aborts when one does not.
 
-#include <idemgate/detail/base64.hpp>
+#include <idemgate/detail/crypto/base64.hpp>
 #include <idemgate/webhook/contract.hpp>
 #include <idemgate/webhook/standard.hpp>
 #include <idemgate/webhook/stripe.hpp>

@@ -7,7 +7,7 @@
 #include "postgres.hpp"
 #include "slot_request.hpp"
 
-#include <idemgate/detail/pqxx_compat.hpp>
+#include <idemgate/detail/postgres/pqxx_compat.hpp>
 #include <idemgate/key.hpp>
 #include <idemgate/outcome.hpp>
 

@@ -3,7 +3,7 @@
 // Access to the PostgreSQL server that scripts/test starts. A PostgreSQL test without it fails
 // loudly: it is never skipped.
 
-#include <idemgate/detail/pqxx_compat.hpp>
+#include <idemgate/detail/postgres/pqxx_compat.hpp>
 
 #include <gtest/gtest.h>
 #include <unistd.h>

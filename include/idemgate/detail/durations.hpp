@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Saturating duration arithmetic and range checks for option values.
 #pragma once
 
 // Overflow-free duration arithmetic and range checks for option values. Every option that takes

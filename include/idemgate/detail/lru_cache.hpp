@@ -1,8 +1,9 @@
+// SPDX-License-Identifier: MIT
+// A bounded, thread-safe LRU map: the gate's cache of committed outcomes.
 #pragma once
 
-#include "../key.hpp"
-
 #include <cstddef>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -12,7 +13,7 @@
 namespace idemgate::detail {
 
 /// A size-bounded, thread-safe least-recently-used map from keys to values.
-template <class Value>
+template <class Key, class Value, class Hash = std::hash<Key>>
 class LruCache {
  public:
   /// A cache of at most `capacity` entries (0: never holds anything).
@@ -56,7 +57,7 @@ class LruCache {
   std::size_t capacity_;
   mutable std::mutex mutex_;
   std::list<Entry> order_;
-  std::unordered_map<Key, typename std::list<Entry>::iterator, KeyHash> index_;
+  std::unordered_map<Key, typename std::list<Entry>::iterator, Hash> index_;
 };
 
 }  // namespace idemgate::detail

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// A worker thread that runs a task periodically until stopped (reconciler, retention).
 #pragma once
 
 #include "durations.hpp"

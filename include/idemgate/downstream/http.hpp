@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// HttpDownstream: calls an HTTP API with an Idempotency-Key header (cpp-httplib).
 #pragma once
 
 /// A downstream over HTTP that forwards the idempotency key as an `Idempotency-Key` header.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// MemoryStore: an in-process store for tests; not durable.
 #pragma once
 
 #include "../concepts.hpp"
@@ -33,7 +35,7 @@ namespace idemgate {
 class MemoryStore {
  public:
   /// The clock leases are measured with; injectable so tests can expire leases at once.
-  using Clock = std::function<std::chrono::system_clock::time_point()>;
+  using Clock = WallClock;
 
   /// The business write's transaction: stage effects with `on_commit`; they run only when the
   /// fenced status change succeeds, under the store's lock.

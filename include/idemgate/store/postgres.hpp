@@ -1,11 +1,14 @@
+// SPDX-License-Identifier: MIT
+// PostgresStore: the production store on PostgreSQL (libpqxx, idemgate::postgres).
 #pragma once
 
 #include "../concepts.hpp"
-#include "../detail/connection_pool.hpp"
 #include "../detail/durations.hpp"
-#include "../detail/pqxx_compat.hpp"
+#include "../detail/postgres/connection_pool.hpp"
+#include "../detail/postgres/pqxx_compat.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
+#include "log_row.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -53,24 +56,13 @@ namespace detail {
 /// 14 characters to it.
 inline constexpr std::size_t max_table_name = 48;
 
-inline bool is_identifier(std::string_view part) {
-  if (part.empty() || part.size() > max_table_name) return false;
-  auto first = static_cast<unsigned char>(part.front());
-  if (!(std::isalpha(first) || first == '_')) return false;
-  for (char c : part) {
-    auto u = static_cast<unsigned char>(c);
-    if (!(std::isalnum(u) || u == '_')) return false;
-  }
-  return true;
-}
-
 /// Checks a (schema-qualified) table name; throws `std::invalid_argument` with what to do.
 inline std::string checked_table_name(std::string table) {
   const auto dot = table.find('.');
   const bool ok = dot == std::string::npos
-                      ? is_identifier(table)
-                      : is_identifier(std::string_view(table).substr(0, dot)) &&
-                            is_identifier(std::string_view(table).substr(dot + 1));
+                      ? is_identifier(table, max_table_name)
+                      : is_identifier(std::string_view(table).substr(0, dot), max_table_name) &&
+                            is_identifier(std::string_view(table).substr(dot + 1), max_table_name);
   if (!ok)
     throw std::invalid_argument("idemgate: \"" + table +
                                 "\" is not a usable table name; use up to 48 letters, digits "
@@ -81,12 +73,6 @@ inline std::string checked_table_name(std::string table) {
 inline std::string unqualified(const std::string& table) {
   const auto dot = table.find('.');
   return dot == std::string::npos ? table : table.substr(dot + 1);
-}
-
-/// A row count as a SQL LIMIT: sizes beyond what bigint holds mean "no limit".
-inline std::int64_t sql_limit(std::size_t limit) {
-  constexpr auto most = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
-  return static_cast<std::int64_t>(limit > most ? most : limit);
 }
 
 /// Longest duration given to PostgreSQL's interval arithmetic: 1000 years (of 365.25 days), so
@@ -100,10 +86,6 @@ template <class Unit, class Rep, class Period>
 [[nodiscard]] inline std::int64_t sql_duration(std::chrono::duration<Rep, Period> d) {
   const std::int64_t most = saturating_cast<Unit>(max_sql_duration).count();
   return std::clamp<std::int64_t>(saturating_cast<Unit>(d).count(), -most, most);
-}
-
-inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
-  return std::chrono::system_clock::time_point(std::chrono::microseconds(micros));
 }
 
 /// A random, non-zero token that marks the rows one attempt wrote (insert, takeover, take-stale),
@@ -126,6 +108,21 @@ inline std::int64_t sql_micros(std::chrono::system_clock::time_point at) {
       std::chrono::duration_cast<std::chrono::microseconds>(at.time_since_epoch()).count();
   return micros < -bound ? -bound : (micros > bound ? bound : micros);
 }
+
+/// A libpqxx row as `to_record` and `signals_from` read it.
+struct PqRow {
+  /// The row.
+  const pqxx::row& row;
+  /// Whether column `column` is NULL.
+  [[nodiscard]] bool is_null(int column) const { return row[column].is_null(); }
+  /// Column `column` as an integer.
+  [[nodiscard]] std::int64_t int64(int column) const { return pq::int_field(row[column]); }
+  /// Column `column`, a bytea, as its bytes.
+  [[nodiscard]] std::string bytes(int column) const { return pq::bytea_field(row[column]); }
+  /// Column `column`, a text, as its characters.
+  [[nodiscard]] std::string text(int column) const { return pq::text_field(row[column]); }
+};
+static_assert(log_row<PqRow>);
 
 }  // namespace detail
 
@@ -408,7 +405,7 @@ class PostgresStore {
       return detail::pq::exec_prepared(tx, "idemgate_find", key_param);
     });
     if (rows.empty()) return std::nullopt;
-    return to_record(rows[0]);
+    return detail::to_record(detail::PqRow{rows[0]});
   }
 
   /// Takes over up to `limit` in-flight rows whose lease expired and that have not changed for
@@ -428,9 +425,9 @@ class PostgresStore {
     std::vector<Stranded> taken;
     taken.reserve(rows.size());
     for (const pqxx::row& row : rows)
-      taken.push_back({key_from(row[0]), detail::pq::int_field(row[1]),
-                       detail::pq::bytea_field(row[2]), detail::pq::int_field(row[3]),
-                       detail::pq::text_field(row[4])});
+      taken.push_back({detail::key_from(detail::pq::bytea_field(row[0])),
+                       detail::pq::int_field(row[1]), detail::pq::bytea_field(row[2]),
+                       detail::pq::int_field(row[3]), detail::pq::text_field(row[4])});
     return taken;
   }
 
@@ -442,7 +439,7 @@ class PostgresStore {
     });
     std::vector<Record> parked;
     parked.reserve(rows.size());
-    for (const pqxx::row& row : rows) parked.push_back(to_record(row));
+    for (const pqxx::row& row : rows) parked.push_back(detail::to_record(detail::PqRow{row}));
     return parked;
   }
 
@@ -462,7 +459,7 @@ class PostgresStore {
         pqxx::nontransaction check(c);
         const pqxx::result rows = detail::pq::exec_prepared(check, "idemgate_find", key_param);
         if (rows.empty()) return false;
-        const Record row = to_record(rows[0]);
+        const Record row = detail::to_record(detail::PqRow{rows[0]});
         if (row.status == RecordStatus::committed) return row.result == result;
         if (row.status != RecordStatus::escalated) return false;
       }
@@ -482,18 +479,9 @@ class PostgresStore {
       return detail::pq::exec_prepared(tx, "idemgate_signals",
                                        detail::sql_duration<std::chrono::seconds>(window));
     });
-    const pqxx::row row = rows[0];
-    StoreSignals s;
-    s.window = window;
-    s.duplicates = detail::pq::int_field(row[1]);
-    s.events = detail::pq::int_field(row[0]) + s.duplicates;
-    s.in_flight = detail::pq::int_field(row[2]);
-    if (!row[3].is_null()) s.oldest_in_flight = std::chrono::seconds(detail::pq::int_field(row[3]));
-    s.escalated = detail::pq::int_field(row[4]);
-    s.mismatched_keys = detail::pq::int_field(row[5]);
-    s.mismatches_total = detail::pq::int_field(row[6]);
-    s.retrying = detail::pq::int_field(row[7]);
-    return s;
+    // The oldest in-flight row comes as its age in seconds.
+    return detail::signals_from(detail::PqRow{rows[0]}, window,
+                                [](std::int64_t age) { return std::chrono::seconds(age); });
   }
 
   /// Keeps a downstream answer that differed from the stored one.
@@ -519,8 +507,9 @@ class PostgresStore {
     std::vector<Mismatch> found;
     found.reserve(rows.size());
     for (const pqxx::row& row : rows)
-      found.push_back({key_from(row[0]), detail::pq::bytea_field(row[1]),
-                       detail::pq::bytea_field(row[2]), detail::pq::text_field(row[3]),
+      found.push_back({detail::key_from(detail::pq::bytea_field(row[0])),
+                       detail::pq::bytea_field(row[1]), detail::pq::bytea_field(row[2]),
+                       detail::pq::text_field(row[3]),
                        detail::from_micros(detail::pq::int_field(row[4]))});
     return found;
   }
@@ -591,10 +580,11 @@ class PostgresStore {
   [[nodiscard]] static Statements statements(const std::string& table) {
     const std::string t = detail::checked_table_name(table);
     const std::string columns =
-        "key, status, fence, request, fingerprint, result, reason, duplicates, "
-        "(extract(epoch FROM created_at) * 1000000)::bigint, "
-        "(extract(epoch FROM updated_at) * 1000000)::bigint, "
-        "(extract(epoch FROM lease_until) * 1000000)::bigint, attempts";
+        detail::record_select_list([](detail::LogColumn column, std::string_view name) {
+          const std::string n(name);
+          return detail::is_instant(column) ? "(extract(epoch FROM " + n + ") * 1000000)::bigint"
+                                            : n;
+        });
     Statements s;
     // The insert claims a new key; when it conflicts, the update counts the duplicate and
     // returns the stored row: one statement, one round trip, either way.
@@ -987,14 +977,15 @@ class PostgresStore {
                        "the original outcome for the key.");
     const RecordStatus status = parse_record_status(detail::pq::text_field(rows[0][0]));
     const std::int64_t stored = detail::pq::int_field(rows[0][1]);
-    if (stored < fence && status == RecordStatus::in_flight)
+    const detail::Settled settled = detail::settled_state(status, stored, fence, target);
+    if (settled == detail::Settled::fence_went_back)
       throw StoreError("idemgate: the event's row in " + table_ + " is back at fence " +
                        std::to_string(stored) + ", below this attempt's " + std::to_string(fence) +
                        ": this attempt's takeover was lost in a database crash and nobody holds "
                        "the event. Nothing was committed. Do not ack: the redelivery or the "
                        "reconciler takes it over again.");
-    if (stored == fence && status == target) return CommitStatus::committed;
-    if (stored == fence && status == RecordStatus::in_flight) return std::nullopt;
+    if (settled == detail::Settled::by_this_attempt) return CommitStatus::committed;
+    if (settled == detail::Settled::still_held) return std::nullopt;
     return CommitStatus::lost_lease;
   }
 
@@ -1087,35 +1078,6 @@ class PostgresStore {
                       " attempts (" + e.what() +
                       "). Do not ack: the row stays in flight and a redelivery after its lease, "
                       "or the reconciler, finishes it.");
-  }
-
-  static Key key_from(const pqxx::field& field) {
-    const std::string bytes = detail::pq::bytea_field(field);
-    Key::bytes_type raw{};
-    if (bytes.size() != raw.size())
-      throw StoreError("idemgate: the store holds a key of " + std::to_string(bytes.size()) +
-                       " bytes; expected 32");
-    std::memcpy(raw.data(), bytes.data(), raw.size());
-    return Key(raw);
-  }
-
-  static Record to_record(const pqxx::row& row) {
-    Record record;
-    record.key = key_from(row[0]);
-    record.status = parse_record_status(detail::pq::text_field(row[1]));
-    record.fence = detail::pq::int_field(row[2]);
-    record.request = detail::pq::bytea_field(row[3]);
-    const std::string fingerprint = detail::pq::bytea_field(row[4]);
-    if (fingerprint.size() == record.fingerprint.size())
-      std::memcpy(record.fingerprint.data(), fingerprint.data(), fingerprint.size());
-    if (!row[5].is_null()) record.result = detail::pq::bytea_field(row[5]);
-    record.reason = detail::pq::text_field(row[6]);
-    record.duplicates = detail::pq::int_field(row[7]);
-    record.created_at = detail::from_micros(detail::pq::int_field(row[8]));
-    record.updated_at = detail::from_micros(detail::pq::int_field(row[9]));
-    record.lease_until = detail::from_micros(detail::pq::int_field(row[10]));
-    record.attempts = detail::pq::int_field(row[11]);
-    return record;
   }
 
   PostgresOptions options_;

@@ -1,9 +1,14 @@
+// SPDX-License-Identifier: MIT
+// SqliteStore: the embedded store in one SQLite file (idemgate::sqlite).
 #pragma once
 
 #include "../concepts.hpp"
 #include "../detail/durations.hpp"
+#include "../detail/sqlite/backup.hpp"
+#include "../detail/sqlite/statement.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
+#include "log_row.hpp"
 
 #include <sqlite3.h>
 
@@ -43,7 +48,7 @@ struct SqliteBlob {
 /// Tuning of a `SqliteStore`.
 struct SqliteOptions {
   /// Where "now" comes from: leases, staleness and timestamps are measured with it.
-  using Clock = std::function<std::chrono::system_clock::time_point()>;
+  using Clock = WallClock;
 
   /// The idempotency log's table: letters, digits and underscores (SQLite has no schemas).
   std::string table = "idemgate_log";
@@ -65,277 +70,9 @@ struct SqliteOptions {
 
 namespace detail::sqlite {
 
-/// An error SQLite reported, with its extended result code.
-class Error : public StoreError {
- public:
-  /// An error with SQLite's (extended) result `code` and a message that says what to do.
-  Error(int code, const std::string& message) : StoreError(message), code_(code) {}
-  /// SQLite's extended result code.
-  [[nodiscard]] int code() const noexcept { return code_; }
-  /// Whether another connection held the database: the work may be tried again.
-  /// `SQLITE_LOCKED` is not: without a shared cache it comes from this very connection (a
-  /// statement still running), and waiting cannot end it.
-  [[nodiscard]] bool busy() const noexcept { return (code_ & 0xff) == SQLITE_BUSY; }
-
- private:
-  int code_;
-};
-
-/// What to do about a damaged file or one that is not a database.
-inline constexpr std::string_view restore_advice =
-    "The file is not an SQLite database or is damaged: restore it from a backup. Stop every "
-    "process that uses the file first, then call SqliteStore::restore_from(backup, path), which "
-    "moves the stale -wal and -shm files aside and copies the backup in with SQLite's backup API. "
-    "Restoring by hand, move the file's -wal and -shm files aside before copying the backup in "
-    "place: SQLite would replay a stale -wal onto the restored file, bringing back old pages "
-    "(events then reserved as new) and damaging it. Or point the store at a new file.";
-
-/// What to do about an SQLite error, for messages.
-inline std::string advice(int code, std::string_view message) {
-  switch (code & 0xff) {
-    case SQLITE_NOTADB:
-    case SQLITE_CORRUPT:
-      return std::string(restore_advice);
-    case SQLITE_FULL:
-      return "The disk is full: free space; nothing was written.";
-    case SQLITE_READONLY:
-    case SQLITE_PERM:
-    case SQLITE_AUTH:
-      return "The database is read-only for this process: check the permissions of the file, "
-             "its directory and its -wal and -shm files.";
-    case SQLITE_CANTOPEN:
-      return "Check that the directory exists and that this process may create and write files "
-             "in it.";
-    case SQLITE_IOERR:
-      return "The disk reported an I/O error: check the disk and the filesystem.";
-    case SQLITE_LOCKED:
-      return "A statement of this same connection is still running (one the business write "
-             "prepared through tx.db() and did not reset or finalize): reset or finalize every "
-             "statement before the business write returns. Waiting cannot help; nothing was "
-             "written.";
-    case SQLITE_CONSTRAINT:
-      if (code == SQLITE_CONSTRAINT_COMMITHOOK)
-        return "The store refused a commit made inside the business write: the business rows "
-               "commit only with the store's own COMMIT, together with the log row. Do not "
-               "COMMIT, ROLLBACK or BEGIN in the business write; nothing was written.";
-      return "A constraint refused the row: fix the statement or the data; nothing was written.";
-    case SQLITE_ERROR:
-      if (message.starts_with("no such table"))
-        return "A table is missing: for the idempotency log, call SqliteStore::migrate() once "
-               "(or apply SqliteStore::schema_sql()); for a business table, create it.";
-      if (message.starts_with("no such column") ||
-          message.find("has no column named") != std::string_view::npos)
-        return "A column is missing: a log made by an earlier version lacks a column this version "
-               "needs, so call SqliteStore::migrate() once (it adds them and keeps every row); "
-               "for a business table, add the column. Nothing was written.";
-      break;
-    default:
-      break;
-  }
-  return "Do not ack; the redelivery will try again.";
-}
-
-/// The message SQLite holds for `db`, or the generic text for `code` without a connection.
-inline std::string message_of(sqlite3* db, int code) {
-  return db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(code);
-}
-
-/// Throws an `Error` for `code`; `doing` says what the store was doing.
-[[noreturn]] inline void raise(sqlite3* db, int code, std::string_view doing) {
-  const std::string message = message_of(db, code);
-  const char* file = db != nullptr ? sqlite3_db_filename(db, "main") : nullptr;
-  std::string where = file != nullptr && *file != '\0' ? std::string(" on ") + file : "";
-  throw Error(code, "idemgate: SQLite failed while " + std::string(doing) + where + ": " + message +
-                        ". " + advice(code, message));
-}
-
-/// Closes a connection (finishing any statements still open).
-struct Closer {
-  void operator()(sqlite3* db) const noexcept { sqlite3_close_v2(db); }
-};
-
-/// An owned connection.
-using Connection = std::unique_ptr<sqlite3, Closer>;
-
-template <class T>
-inline constexpr bool is_optional = false;
-template <class T>
-inline constexpr bool is_optional<std::optional<T>> = true;
-
-template <class T>
-inline constexpr bool always_false = false;
-
-// Every parameter outlives the statement's use (bound, stepped and reset within one call), so
-// SQLite need not copy it.
-inline const sqlite3_destructor_type no_copy = nullptr;
-
-/// Binds one value to parameter `index` (1-based): text, blob, integer, real or NULL.
-template <class T>
-int bind_one(sqlite3_stmt* statement, int index, const T& value) {
-  using U = std::remove_cvref_t<T>;
-  if constexpr (std::is_same_v<U, std::nullopt_t> || std::is_same_v<U, std::nullptr_t>) {
-    return sqlite3_bind_null(statement, index);
-  } else if constexpr (is_optional<U>) {
-    return value ? bind_one(statement, index, *value) : sqlite3_bind_null(statement, index);
-  } else if constexpr (std::is_same_v<U, SqliteBlob> || std::is_same_v<U, Key>) {
-    std::string_view bytes;
-    if constexpr (std::is_same_v<U, Key>)
-      bytes = value.view();
-    else
-      bytes = value.bytes;
-    // A null pointer would bind NULL; an empty blob must stay an empty blob.
-    const char* data = bytes.data() != nullptr ? bytes.data() : "";
-    return sqlite3_bind_blob64(statement, index, data, bytes.size(), no_copy);
-  } else if constexpr (std::is_same_v<U, bool>) {
-    return sqlite3_bind_int64(statement, index, value ? 1 : 0);
-  } else if constexpr (std::is_integral_v<U> && !std::is_same_v<U, char>) {
-    if constexpr (std::is_unsigned_v<U> && sizeof(U) >= sizeof(sqlite3_int64)) {
-      if (value > static_cast<U>(std::numeric_limits<sqlite3_int64>::max()))
-        throw std::out_of_range("idemgate: " + std::to_string(value) +
-                                " does not fit SQLite's 64-bit signed integers; bind it as text");
-    }
-    return sqlite3_bind_int64(statement, index, static_cast<sqlite3_int64>(value));
-  } else if constexpr (std::is_floating_point_v<U>) {
-    return sqlite3_bind_double(statement, index, static_cast<double>(value));
-  } else if constexpr (std::is_convertible_v<const U&, std::string_view>) {
-    const std::string_view text(value);
-    const char* data = text.data() != nullptr ? text.data() : "";
-    return sqlite3_bind_text64(statement, index, data, text.size(), no_copy, SQLITE_UTF8);
-  } else {
-    static_assert(always_false<U>,
-                  "SQLite parameters are text (std::string, std::string_view, const char*), "
-                  "idemgate::SqliteBlob, idemgate::Key (a blob), integers, doubles, std::nullopt "
-                  "and std::optional of these");
-    return SQLITE_MISUSE;
-  }
-}
-
-/// A prepared statement, finalized when destroyed.
-class Statement {
- public:
-  /// Prepares the first statement of `sql` on `db`; `tail` receives what follows it.
-  Statement(sqlite3* db, std::string_view sql, std::string_view doing, bool persistent = false,
-            std::string_view* tail = nullptr)
-      : db_(db) {
-    const char* rest = nullptr;
-    const int code =
-        sqlite3_prepare_v3(db, sql.data(), static_cast<int>(sql.size()),
-                           persistent ? SQLITE_PREPARE_PERSISTENT : 0u, &statement_, &rest);
-    if (code != SQLITE_OK) raise(db, code, doing);
-    if (statement_ == nullptr)
-      throw std::invalid_argument("idemgate: \"" + std::string(sql) +
-                                  "\" holds no SQL statement; pass one statement");
-    if (tail != nullptr)
-      *tail = rest != nullptr ? sql.substr(static_cast<std::size_t>(rest - sql.data()))
-                              : std::string_view();
-  }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-  ~Statement() { sqlite3_finalize(statement_); }
-
-  /// Clears earlier bindings and binds `args` to parameters 1, 2, … in order.
-  template <class... Args>
-  void bind(std::string_view doing, const Args&... args) {
-    sqlite3_reset(statement_);
-    sqlite3_clear_bindings(statement_);
-    int index = 0;
-    [[maybe_unused]] const auto one = [&](const auto& value) {
-      const int code = bind_one(statement_, ++index, value);
-      if (code != SQLITE_OK) raise(db_, code, doing);
-    };
-    (one(args), ...);
-  }
-
-  /// Steps once: true when a row is ready, false when the statement is done.
-  bool step(std::string_view doing) {
-    const int code = sqlite3_step(statement_);
-    if (code == SQLITE_ROW) return true;
-    if (code == SQLITE_DONE) return false;
-    // The step's error is what reset reports with the extended code.
-    const int detailed = sqlite3_reset(statement_);
-    raise(db_, detailed != SQLITE_OK ? detailed : code, doing);
-  }
-
-  /// Makes the statement ready to run again and lets go of its parameters.
-  void reset() noexcept {
-    sqlite3_reset(statement_);
-    sqlite3_clear_bindings(statement_);
-  }
-
-  /// Whether column `column` of the current row is NULL.
-  [[nodiscard]] bool is_null(int column) const {
-    return sqlite3_column_type(statement_, column) == SQLITE_NULL;
-  }
-  /// Column `column` of the current row as an integer.
-  [[nodiscard]] std::int64_t int64(int column) const {
-    return sqlite3_column_int64(statement_, column);
-  }
-  /// Column `column` of the current row as bytes (a blob or text); empty when NULL.
-  [[nodiscard]] std::string bytes(int column) const {
-    const void* data = sqlite3_column_blob(statement_, column);
-    const int size = sqlite3_column_bytes(statement_, column);
-    if (data == nullptr || size <= 0) return {};
-    return {static_cast<const char*>(data), static_cast<std::size_t>(size)};
-  }
-  /// The raw statement.
-  [[nodiscard]] sqlite3_stmt* get() const noexcept { return statement_; }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* statement_ = nullptr;
-};
-
-/// Resets a statement when the scope ends, so no read stays open inside a transaction.
-class ResetGuard {
- public:
-  /// Guards `statement`.
-  explicit ResetGuard(Statement& statement) noexcept : statement_(statement) {}
-  ResetGuard(const ResetGuard&) = delete;
-  ResetGuard& operator=(const ResetGuard&) = delete;
-  ~ResetGuard() { statement_.reset(); }
-
- private:
-  Statement& statement_;
-};
-
-/// Runs one statement with parameters to completion; returns the rows it changed.
-template <class... Args>
-std::int64_t exec(sqlite3* db, std::string_view sql, const Args&... args) {
-  std::string_view tail;
-  Statement statement(db, sql, "running a statement", false, &tail);
-  if (tail.find_first_not_of(" \t\r\n;") != std::string_view::npos)
-    throw std::invalid_argument("idemgate: exec runs one SQL statement, but \"" + std::string(sql) +
-                                "\" holds more; call exec once per statement");
-  statement.bind("binding parameters", args...);
-  while (statement.step("running a statement")) {
-  }
-  statement.reset();
-  // sqlite3_changes64 still counts the last write when this statement wrote nothing.
-  return sqlite3_stmt_readonly(statement.get()) != 0 ? 0 : sqlite3_changes64(db);
-}
-
-/// Runs a query and returns the first column of its first row as an integer (nullopt: no row).
-template <class... Args>
-std::optional<std::int64_t> query_int(sqlite3* db, std::string_view sql, const Args&... args) {
-  Statement statement(db, sql, "running a query");
-  statement.bind("binding parameters", args...);
-  if (!statement.step("running a query") || statement.is_null(0)) return std::nullopt;
-  return statement.int64(0);
-}
-
-inline bool is_identifier(std::string_view name) {
-  if (name.empty() || name.size() > 63) return false;
-  const auto first = static_cast<unsigned char>(name.front());
-  if (!(std::isalpha(first) || first == '_')) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    const auto u = static_cast<unsigned char>(c);
-    return std::isalnum(u) || u == '_';
-  });
-}
-
 /// Checks a table name; throws `std::invalid_argument` that says what to use instead.
 inline std::string checked_table_name(std::string table) {
-  if (!is_identifier(table))
+  if (!idemgate::detail::is_identifier(table, 63))
     throw std::invalid_argument("idemgate: \"" + table +
                                 "\" is not a usable SQLite table name; use a plain name (not "
                                 "schema.table) of 1 to 63 letters, digits and underscores, "
@@ -378,21 +115,20 @@ std::int64_t earlier(std::int64_t at, std::chrono::duration<Rep, Period> d) {
 /// The lease end of a released row: before every instant the clock can give.
 inline constexpr std::int64_t ended_lease = std::numeric_limits<std::int64_t>::min();
 
-/// Microseconds since the epoch as a time point; values past what the clock's duration holds
-/// (such as `ended_lease`) saturate to the clock's minimum or maximum instead of overflowing.
-inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
-  using time_point = std::chrono::system_clock::time_point;
-  constexpr std::int64_t lowest =
-      std::chrono::duration_cast<std::chrono::microseconds>(time_point::min().time_since_epoch())
-          .count();
-  constexpr std::int64_t highest =
-      std::chrono::duration_cast<std::chrono::microseconds>(time_point::max().time_since_epoch())
-          .count();
-  if (micros <= lowest) return time_point::min();
-  if (micros >= highest) return time_point::max();
-  return time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-      std::chrono::microseconds(micros)));
-}
+/// One row of a statement as `to_record` and `signals_from` read it (text reads as bytes).
+struct Row {
+  /// The statement, stepped onto the row.
+  const Statement& statement;
+  /// Whether column `column` is NULL.
+  [[nodiscard]] bool is_null(int column) const { return statement.is_null(column); }
+  /// Column `column` as an integer.
+  [[nodiscard]] std::int64_t int64(int column) const { return statement.int64(column); }
+  /// Column `column` as bytes.
+  [[nodiscard]] std::string bytes(int column) const { return statement.bytes(column); }
+  /// Column `column` as text.
+  [[nodiscard]] std::string text(int column) const { return statement.bytes(column); }
+};
+static_assert(log_row<Row>);
 
 }  // namespace detail::sqlite
 
@@ -413,127 +149,6 @@ inline std::string ended_transaction(std::string_view sql, bool ran) {
          "commit on its own, without the log row, so the store refuses it and vetoes every "
          "commit until the business write returns. Nothing was committed; let such errors "
          "propagate from the business write.";
-}
-
-/// Opens a connection of its own on `path` with `flags`; throws `StoreError` saying `doing`.
-inline Connection open_connection(const std::string& path, int flags, std::string_view doing) {
-  sqlite3* raw = nullptr;
-  const int code = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
-  Connection connection(raw);
-  if (code != SQLITE_OK) raise(raw, code, doing);
-  sqlite3_extended_result_codes(raw, 1);
-  return connection;
-}
-
-/// Writes a consistent copy of `source`'s main database to `destination` with SQLite's backup
-/// API: first to `<destination>.partial`, then renamed over `destination`.
-inline void copy_database(sqlite3* source, const std::string& destination) {
-  const std::string partial = destination + ".partial";
-  std::error_code ignored;
-  std::filesystem::remove(partial, ignored);
-  {
-    Connection copy = open_connection(partial, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
-                                      "opening the copy " + partial);
-    sqlite3_backup* backup = sqlite3_backup_init(copy.get(), "main", source, "main");
-    if (backup == nullptr) raise(copy.get(), sqlite3_extended_errcode(copy.get()), "copying");
-    // One step copies every page under one read transaction: a consistent snapshot, while
-    // writers in other connections go on.
-    const int stepped = sqlite3_backup_step(backup, -1);
-    const int finished = sqlite3_backup_finish(backup);
-    if (stepped != SQLITE_DONE || finished != SQLITE_OK) {
-      const int code = finished != SQLITE_OK ? sqlite3_extended_errcode(copy.get()) : stepped;
-      const std::string message = message_of(copy.get(), code);
-      copy.reset();
-      std::filesystem::remove(partial, ignored);
-      throw Error(code, "idemgate: SQLite failed while copying the database to " + destination +
-                            ": " + message + ". " + advice(code, message));
-    }
-  }
-  std::error_code renamed;
-  std::filesystem::rename(partial, destination, renamed);
-  if (renamed)
-    throw StoreError("idemgate: cannot move the finished copy " + partial + " to " + destination +
-                     ": " + renamed.message() +
-                     ". Check that this process may write the directory.");
-}
-
-/// Holds an exclusive lock on a database file through SQLite's own file layer, so that no other
-/// connection (in this process or another) can be using the file meanwhile.
-class ExclusiveFile {
- public:
-  /// Locks the file at `path`; false from `locked()` when a connection has it open.
-  explicit ExclusiveFile(const std::string& path)
-      : connection_(open_connection(path, SQLITE_OPEN_READWRITE, "opening " + path)) {
-    sqlite3_file_control(connection_.get(), "main", SQLITE_FCNTL_FILE_POINTER, &file_);
-    if (file_ == nullptr || file_->pMethods == nullptr) return;
-    // A connection in WAL mode holds a shared lock on the database file as long as it is open,
-    // so an exclusive lock is granted only when nobody else has it open.
-    if (file_->pMethods->xLock(file_, SQLITE_LOCK_SHARED) != SQLITE_OK) return;
-    shared_ = true;
-    locked_ = file_->pMethods->xLock(file_, SQLITE_LOCK_EXCLUSIVE) == SQLITE_OK;
-  }
-  ExclusiveFile(const ExclusiveFile&) = delete;
-  ExclusiveFile& operator=(const ExclusiveFile&) = delete;
-  ~ExclusiveFile() {
-    if (shared_) file_->pMethods->xUnlock(file_, SQLITE_LOCK_NONE);
-  }
-  /// Whether the lock is held.
-  [[nodiscard]] bool locked() const noexcept { return locked_; }
-
- private:
-  Connection connection_;
-  sqlite3_file* file_ = nullptr;
-  bool shared_ = false;
-  bool locked_ = false;
-};
-
-/// Replaces the database at `target` with a copy of `backup` (see `SqliteStore::restore_from`).
-inline void restore(const std::string& backup, const std::string& target) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  if (!fs::exists(backup, error))
-    throw StoreError("idemgate: there is no backup at " + backup +
-                     "; pass the path of a file written by SqliteStore::backup_to. Nothing was "
-                     "changed.");
-  if (fs::exists(target, error) && fs::equivalent(backup, target, error))
-    throw std::invalid_argument("idemgate: the backup and the target are the same file (" + target +
-                                "); restore from a copy kept elsewhere");
-  Connection source = open_connection(backup, SQLITE_OPEN_READONLY, "opening the backup " + backup);
-  std::string verdict;
-  {
-    Statement check(source.get(), "PRAGMA quick_check", "checking the backup " + backup);
-    check.bind("checking the backup " + backup);
-    while (check.step("checking the backup " + backup)) {
-      if (!verdict.empty()) verdict += "; ";
-      verdict += check.bytes(0);
-    }
-  }
-  if (verdict != "ok")
-    throw StoreError("idemgate: the backup at " + backup + " is damaged (" + verdict +
-                     "); restore from an older backup. Nothing was changed.");
-  std::optional<ExclusiveFile> exclusive;
-  if (fs::exists(target, error)) {
-    exclusive.emplace(target);
-    if (!exclusive->locked())
-      throw StoreError("idemgate: cannot restore " + target +
-                       ": a connection, in this process or another, has it open. Stop every "
-                       "process that uses it (and close this process's stores on it), then "
-                       "restore again. Nothing was changed.");
-  }
-  // A -wal or -shm left by the instance that used the damaged file belongs to it, not to the
-  // backup: SQLite would replay that WAL onto the restored file. Keep them aside for inspection.
-  const std::string stale = ".stale-" + std::to_string(to_micros(std::chrono::system_clock::now()));
-  for (const char* suffix : {"-wal", "-shm", "-journal"}) {
-    const std::string file = target + suffix;
-    if (!fs::exists(file, error)) continue;
-    fs::rename(file, file + stale, error);
-    if (error)
-      throw StoreError("idemgate: cannot move " + file + " aside before restoring " + target +
-                       ": " + error.message() +
-                       ". Check that this process may write the directory; the target was not "
-                       "changed.");
-  }
-  copy_database(source.get(), target);
 }
 
 }  // namespace detail::sqlite
@@ -877,7 +492,7 @@ class SqliteStore {
       detail::sqlite::ResetGuard guard(read);
       read.bind("reading a key", key);
       if (!read.step("reading a key")) return std::nullopt;
-      return to_record(read);
+      return detail::to_record(detail::sqlite::Row{read});
     });
   }
 
@@ -895,10 +510,10 @@ class SqliteStore {
         auto& take = statement(sql_.take_stale);
         detail::sqlite::ResetGuard guard(take);
         take.bind("taking stale rows", now, detail::sqlite::earlier(now, stale_after),
-                  detail::sqlite::later(now, lease), sql_limit(limit));
+                  detail::sqlite::later(now, lease), detail::sql_limit(limit));
         while (take.step("taking stale rows"))
-          taken.push_back({key_from(take.bytes(0)), take.int64(1), take.bytes(2), take.int64(3),
-                           take.is_null(4) ? std::string() : take.bytes(4)});
+          taken.push_back({detail::key_from(take.bytes(0)), take.int64(1), take.bytes(2),
+                           take.int64(3), take.is_null(4) ? std::string() : take.bytes(4)});
       }
       end("taking stale rows");
       return taken;
@@ -910,9 +525,10 @@ class SqliteStore {
     return run("listing escalated rows", nullptr, [&] {
       auto& list = statement(sql_.escalated);
       detail::sqlite::ResetGuard guard(list);
-      list.bind("listing escalated rows", sql_limit(limit));
+      list.bind("listing escalated rows", detail::sql_limit(limit));
       std::vector<Record> parked;
-      while (list.step("listing escalated rows")) parked.push_back(to_record(list));
+      while (list.step("listing escalated rows"))
+        parked.push_back(detail::to_record(detail::sqlite::Row{list}));
       return parked;
     });
   }
@@ -970,8 +586,8 @@ class SqliteStore {
       begin();
       const std::int64_t changed =
           change(sql_.redrive_range, "re-driving failed rows", detail::sqlite::to_micros(from),
-                 detail::sqlite::to_micros(to), sql_limit(limit), detail::sqlite::ended_lease,
-                 now_micros());
+                 detail::sqlite::to_micros(to), detail::sql_limit(limit),
+                 detail::sqlite::ended_lease, now_micros());
       end("re-driving failed rows");
       return static_cast<std::size_t>(changed);
     });
@@ -988,18 +604,12 @@ class SqliteStore {
       read.bind("reading the signals", since);
       if (!read.step("reading the signals"))
         throw StoreError("idemgate: the signals query of " + table_ + " returned no row");
-      StoreSignals s;
-      s.window = window;
-      s.duplicates = read.int64(1);
-      s.events = read.int64(0) + s.duplicates;
-      s.in_flight = read.int64(2);
-      if (!read.is_null(3))
-        s.oldest_in_flight = std::chrono::duration_cast<std::chrono::seconds>(
-            std::chrono::microseconds(now - read.int64(3)));
-      s.escalated = read.int64(4);
-      s.mismatched_keys = read.int64(5);
-      s.mismatches_total = read.int64(6);
-      s.retrying = read.int64(7);
+      // The oldest in-flight row comes as its creation instant in microseconds.
+      StoreSignals s =
+          detail::signals_from(detail::sqlite::Row{read}, window, [now](std::int64_t created) {
+            return std::chrono::duration_cast<std::chrono::seconds>(
+                std::chrono::microseconds(now - created));
+          });
       s.wal_bytes = wal_bytes();
       return s;
     });
@@ -1023,11 +633,11 @@ class SqliteStore {
     return run("listing mismatches", nullptr, [&] {
       auto& list = statement(sql_.mismatches);
       detail::sqlite::ResetGuard guard(list);
-      list.bind("listing mismatches", sql_limit(limit));
+      list.bind("listing mismatches", detail::sql_limit(limit));
       std::vector<Mismatch> found;
       while (list.step("listing mismatches"))
-        found.push_back({key_from(list.bytes(0)), list.bytes(1), list.bytes(2), list.bytes(3),
-                         detail::sqlite::from_micros(list.int64(4))});
+        found.push_back({detail::key_from(list.bytes(0)), list.bytes(1), list.bytes(2),
+                         list.bytes(3), detail::from_micros(list.int64(4))});
       return found;
     });
   }
@@ -1049,7 +659,7 @@ class SqliteStore {
         begin();
         const std::int64_t cutoff = detail::sqlite::earlier(now_micros(), older_than);
         const std::int64_t changed =
-            change(sql_.purge, "purging finished rows", cutoff, sql_limit(batch));
+            change(sql_.purge, "purging finished rows", cutoff, detail::sql_limit(batch));
         end("purging finished rows");
         return changed;
       });
@@ -1168,9 +778,8 @@ class SqliteStore {
   }
 
   static Statements statements(const std::string& t) {
-    const std::string columns =
-        "key, status, fence, request, fingerprint, result, reason, created_at, updated_at, "
-        "lease_until, duplicates, attempts";
+    const std::string columns = detail::record_select_list(
+        [](detail::LogColumn, std::string_view name) { return std::string(name); });
     Statements s;
     // A new key is inserted; a key that exists counts the duplicate and returns the stored row:
     // one statement either way, so no reservation goes uncounted.
@@ -1618,12 +1227,13 @@ class SqliteStore {
                        "redelivery reserves it again.");
     const RecordStatus status = parse_record_status(read.bytes(0));
     const std::int64_t stored = read.int64(1);
-    if (status == RecordStatus::in_flight && stored < fence)
+    const detail::Settled settled = detail::settled_state(status, stored, fence, target);
+    if (settled == detail::Settled::fence_went_back)
       throw StoreError("idemgate: the event's row in " + path_ + " is back at fence " +
                        std::to_string(stored) + ", below this attempt's " + std::to_string(fence) +
                        " (its takeover was lost in a crash or a restore); nothing was written. "
                        "Do not ack: the redelivery or the reconciler takes it over again.");
-    if (status == target && stored == fence) return CommitStatus::committed;
+    if (settled == detail::Settled::by_this_attempt) return CommitStatus::committed;
     return CommitStatus::lost_lease;
   }
 
@@ -1642,39 +1252,6 @@ class SqliteStore {
   }
 
   std::int64_t now_micros() const { return detail::sqlite::to_micros(clock_()); }
-
-  static std::int64_t sql_limit(std::size_t limit) {
-    constexpr auto most = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
-    return static_cast<std::int64_t>(std::min(limit, most));
-  }
-
-  static Key key_from(const std::string& bytes) {
-    Key::bytes_type raw{};
-    if (bytes.size() != raw.size())
-      throw StoreError("idemgate: the store holds a key of " + std::to_string(bytes.size()) +
-                       " bytes; expected 32. Was the table written by another program?");
-    std::memcpy(raw.data(), bytes.data(), raw.size());
-    return Key(raw);
-  }
-
-  static Record to_record(const detail::sqlite::Statement& row) {
-    Record record;
-    record.key = key_from(row.bytes(0));
-    record.status = parse_record_status(row.bytes(1));
-    record.fence = row.int64(2);
-    record.request = row.bytes(3);
-    const std::string fingerprint = row.bytes(4);
-    if (fingerprint.size() == record.fingerprint.size())
-      std::memcpy(record.fingerprint.data(), fingerprint.data(), fingerprint.size());
-    if (!row.is_null(5)) record.result = row.bytes(5);
-    record.reason = row.bytes(6);
-    record.created_at = detail::sqlite::from_micros(row.int64(7));
-    record.updated_at = detail::sqlite::from_micros(row.int64(8));
-    record.lease_until = detail::sqlite::from_micros(row.int64(9));
-    record.duplicates = row.int64(10);
-    record.attempts = row.int64(11);
-    return record;
-  }
 
   // How long a truncating checkpoint may wait for readers, and how long to leave it after one
   // that could not finish (a reader holds a snapshot open).

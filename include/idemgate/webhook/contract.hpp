@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// The event contract: which event types a consumer handles, and why others are refused.
 #pragma once
 
 /// The event contract: which event types a consumer handles. Everything else is refused with a

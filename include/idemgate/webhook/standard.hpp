@@ -1,10 +1,12 @@
+// SPDX-License-Identifier: MIT
+// Standard Webhooks signatures: verification, replay window and signing.
 #pragma once
 
 /// Standard Webhooks 1.0 (https://www.standardwebhooks.com): signature verification, replay
 /// window and signing. Also accepts the `svix-` header names. Needs only OpenSSL.
 
-#include "../detail/base64.hpp"
-#include "../detail/hmac.hpp"
+#include "../detail/crypto/base64.hpp"
+#include "../detail/crypto/hmac.hpp"
 #include "verification.hpp"
 
 #include <cstddef>

@@ -1,9 +1,12 @@
+// SPDX-License-Identifier: MIT
+// Stripe webhook signatures: verification, replay window and signing.
 #pragma once
 
 /// Stripe webhook signatures (`Stripe-Signature: t=...,v1=...`): verification, replay window
 /// and signing. Needs only OpenSSL.
 
-#include "../detail/hmac.hpp"
+#include "../detail/crypto/hex.hpp"
+#include "../detail/crypto/hmac.hpp"
 #include "verification.hpp"
 
 #include <cstddef>
@@ -57,31 +60,14 @@ void for_each_stripe_item(std::string_view header, Visit&& visit) {
 /// Decodes 64 hex digits (either case) into a MAC; false for anything else.
 [[nodiscard]] constexpr bool decode_hex_mac(std::string_view text,
                                             HmacSha256::mac_type& out) noexcept {
-  if (text.size() != out.size() * 2) return false;
-  const auto value = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const int high = value(text[2 * i]);
-    const int low = value(text[2 * i + 1]);
-    if (high < 0 || low < 0) return false;
-    out[i] = static_cast<unsigned char>((high << 4) | low);
-  }
-  return true;
+  return detail::decode_hex(text, out.data(), out.size());
 }
 
 /// Lowercase hex of a MAC, as Stripe sends it.
 [[nodiscard]] inline std::string hex_mac(const HmacSha256::mac_type& mac) {
-  static constexpr char digits[] = "0123456789abcdef";
   std::string out;
   out.reserve(mac.size() * 2);
-  for (unsigned char byte : mac) {
-    out += digits[byte >> 4];
-    out += digits[byte & 0x0f];
-  }
+  detail::append_hex(out, {reinterpret_cast<const char*>(mac.data()), mac.size()});
   return out;
 }
 

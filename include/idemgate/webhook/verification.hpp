@@ -1,8 +1,11 @@
+// SPDX-License-Identifier: MIT
+// What the webhook verifiers share: rejections, results, replay window, headers.
 #pragma once
 
 /// What the webhook verifiers share: the rejection reasons, the verification result, the replay
 /// window and the ways a caller can hand over request headers.
 
+#include "../detail/crypto/hex.hpp"
 #include "../detail/durations.hpp"
 
 #include <chrono>
@@ -159,14 +162,14 @@ namespace detail {
 /// A log-safe excerpt of an untrusted value for messages: quoted, control and non-ASCII
 /// bytes escaped (so a value cannot forge log lines), cut after `limit` bytes.
 [[nodiscard]] inline std::string quoted_excerpt(std::string_view value, std::size_t limit = 40) {
-  static constexpr char digits[] = "0123456789abcdef";
   std::string out = "\"";
   for (std::size_t i = 0; i < value.size() && i < limit; ++i) {
     const auto byte = static_cast<unsigned char>(value[i]);
     if (byte < 0x20 || byte >= 0x7f || byte == '"' || byte == '\\') {
       out += "\\x";
-      out += digits[byte >> 4];
-      out += digits[byte & 0x0f];
+      char pair[2];
+      hex_pair(byte, pair);
+      out.append(pair, 2);
     } else {
       out += static_cast<char>(byte);
     }

@@ -1,6 +1,10 @@
+// SPDX-License-Identifier: MIT
+// Every difference between libpqxx versions, for PostgresStore and its tests.
 #pragma once
 
 // Every difference between libpqxx versions lives here: 6.4 (Debian 12), 7.x and 8.x.
+
+#include "../crypto/hex.hpp"
 
 #include <libpq-fe.h>
 #include <pqxx/pqxx>
@@ -43,15 +47,6 @@ pqxx::result exec_params(Transaction& tx, const std::string& sql, Args&&... args
 template <class Transaction>
 pqxx::result exec(Transaction& tx, const std::string& sql) {
   return tx.exec(sql);
-}
-
-/// Appends `bytes` as lowercase hex digits.
-inline void append_hex(std::string& out, std::string_view bytes) {
-  static constexpr char digits[] = "0123456789abcdef";
-  for (unsigned char c : bytes) {
-    out += digits[c >> 4];
-    out += digits[c & 0x0f];
-  }
 }
 
 /// A byte string as a bytea parameter in text form (`\x` + hex): the same on every version.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Incremental SHA-256 over OpenSSL; includes nothing of idemgate.
 #pragma once
 
 #include <openssl/evp.h>

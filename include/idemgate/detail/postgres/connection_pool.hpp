@@ -1,6 +1,8 @@
+// SPDX-License-Identifier: MIT
+// The PostgreSQL connection pool under PostgresStore, and connection-string redaction.
 #pragma once
 
-#include "../record.hpp"
+#include "../../errors.hpp"
 #include "pqxx_compat.hpp"
 
 #include <chrono>

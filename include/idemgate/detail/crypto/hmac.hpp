@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// HMAC-SHA256 over OpenSSL and constant-time comparison; includes nothing of idemgate.
 #pragma once
 
 #include <openssl/crypto.h>

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: MIT
+// Base64 encoding and strict decoding; includes nothing of idemgate.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: MIT
+// Every exception idemgate throws, at the bottom layer: includes nothing of idemgate.
+#pragma once
+
+#include <stdexcept>
+
+namespace idemgate {
+
+/// Thrown when a key cannot be derived from the given parts.
+class KeyError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// Thrown when a request or outcome cannot be turned into bytes or back.
+class CodecError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Thrown before anything is written when a request cannot be used: too large, or its codec
+/// failed. Nothing is reserved; fix the request (or the codec) and do not retry as is.
+class RequestError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// Thrown when a store cannot do its work: the database is unreachable, a commit's fate is
+/// unknown, the schema is missing. The message says what to do; do not ack the message.
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Thrown when the business write broke the store's transaction: it swallowed an SQL error that
+/// ended the transaction, or took transaction control itself. Nothing of the log was committed
+/// and the event's lease was ended; do not ack, and fix the business write (let its SQL errors
+/// propagate, or recover from an expected one with a savepoint).
+class BusinessWriteError : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
+}  // namespace idemgate

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: MIT
+// What the SQL stores share about the log's shape: its columns, and how a row becomes a Record.
+#pragma once
+
+#include "../errors.hpp"
+#include "../key.hpp"
+#include "../record.hpp"
+
+#include <array>
+#include <cctype>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <string_view>
+
+namespace idemgate::detail {
+
+/// The columns of the log that make a `Record`, in the order every SQL store selects them.
+enum class LogColumn : int {
+  key,
+  status,
+  fence,
+  request,
+  fingerprint,
+  result,
+  reason,
+  duplicates,
+  created_at,
+  updated_at,
+  lease_until,
+  attempts,
+};
+
+/// The log's column names, by `LogColumn`.
+inline constexpr std::array<std::string_view, 12> log_column_names = {
+    "key",    "status",     "fence",      "request",    "fingerprint", "result",
+    "reason", "duplicates", "created_at", "updated_at", "lease_until", "attempts"};
+
+/// Whether a column holds an instant (the stores read it as microseconds since the epoch).
+[[nodiscard]] constexpr bool is_instant(LogColumn column) noexcept {
+  return column == LogColumn::created_at || column == LogColumn::updated_at ||
+         column == LogColumn::lease_until;
+}
+
+/// The select list of a `Record`, in `LogColumn` order: each column as
+/// `expression(column, name)` gives it in the store's dialect, separated by ", ".
+template <class Expression>
+[[nodiscard]] std::string record_select_list(Expression expression) {
+  std::string out;
+  for (std::size_t i = 0; i < log_column_names.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += expression(static_cast<LogColumn>(i), log_column_names[i]);
+  }
+  return out;
+}
+
+/// Concept: one row of a store's driver, read by column index: `bytes` for a blob, `text` for a
+/// text column, `int64` for an integer, `is_null` to tell NULL apart.
+template <class R>
+concept log_row = requires(const R& row, int column) {
+  { row.is_null(column) } -> std::convertible_to<bool>;
+  { row.int64(column) } -> std::same_as<std::int64_t>;
+  { row.bytes(column) } -> std::same_as<std::string>;
+  { row.text(column) } -> std::same_as<std::string>;
+};
+
+/// A row count as a SQL LIMIT: sizes beyond what a 64-bit integer holds mean "no limit".
+[[nodiscard]] inline std::int64_t sql_limit(std::size_t limit) {
+  constexpr auto most = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
+  return static_cast<std::int64_t>(limit > most ? most : limit);
+}
+
+/// Microseconds since the epoch as a time point; values past what the clock's duration holds
+/// (such as an ended lease) saturate to the clock's minimum or maximum instead of overflowing.
+[[nodiscard]] inline std::chrono::system_clock::time_point from_micros(std::int64_t micros) {
+  using time_point = std::chrono::system_clock::time_point;
+  constexpr std::int64_t lowest =
+      std::chrono::duration_cast<std::chrono::microseconds>(time_point::min().time_since_epoch())
+          .count();
+  constexpr std::int64_t highest =
+      std::chrono::duration_cast<std::chrono::microseconds>(time_point::max().time_since_epoch())
+          .count();
+  if (micros <= lowest) return time_point::min();
+  if (micros >= highest) return time_point::max();
+  return time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      std::chrono::microseconds(micros)));
+}
+
+/// The key stored in a row; throws `StoreError` when the bytes are not a key.
+[[nodiscard]] inline Key key_from(std::string_view bytes) {
+  Key::bytes_type raw{};
+  if (bytes.size() != raw.size())
+    throw StoreError("idemgate: the store holds a key of " + std::to_string(bytes.size()) +
+                     " bytes; expected 32. Was the table written by another program?");
+  std::memcpy(raw.data(), bytes.data(), raw.size());
+  return Key(raw);
+}
+
+/// The `Record` in a row selected with `record_select_list`.
+template <log_row Row>
+[[nodiscard]] Record to_record(const Row& row) {
+  const auto at = [](LogColumn column) { return static_cast<int>(column); };
+  Record record;
+  record.key = key_from(row.bytes(at(LogColumn::key)));
+  record.status = parse_record_status(row.text(at(LogColumn::status)));
+  record.fence = row.int64(at(LogColumn::fence));
+  record.request = row.bytes(at(LogColumn::request));
+  const std::string fingerprint = row.bytes(at(LogColumn::fingerprint));
+  if (fingerprint.size() == record.fingerprint.size())
+    std::memcpy(record.fingerprint.data(), fingerprint.data(), fingerprint.size());
+  if (!row.is_null(at(LogColumn::result))) record.result = row.bytes(at(LogColumn::result));
+  record.reason = row.text(at(LogColumn::reason));
+  record.duplicates = row.int64(at(LogColumn::duplicates));
+  record.created_at = from_micros(row.int64(at(LogColumn::created_at)));
+  record.updated_at = from_micros(row.int64(at(LogColumn::updated_at)));
+  record.lease_until = from_micros(row.int64(at(LogColumn::lease_until)));
+  record.attempts = row.int64(at(LogColumn::attempts));
+  return record;
+}
+
+/// The signals row both stores select, in this order: first reservations in the window,
+/// duplicates in the window, rows in flight, the oldest in-flight row (NULL when none; its form
+/// is the store's own, turned into an age by `oldest_age`), escalated rows, mismatched keys in
+/// the window, every mismatch, in-flight rows being retried.
+template <log_row Row, class Age>
+[[nodiscard]] StoreSignals signals_from(const Row& row, std::chrono::seconds window,
+                                        Age oldest_age) {
+  StoreSignals s;
+  s.window = window;
+  s.duplicates = row.int64(1);
+  s.events = row.int64(0) + s.duplicates;
+  s.in_flight = row.int64(2);
+  if (!row.is_null(3)) s.oldest_in_flight = oldest_age(row.int64(3));
+  s.escalated = row.int64(4);
+  s.mismatched_keys = row.int64(5);
+  s.mismatches_total = row.int64(6);
+  s.retrying = row.int64(7);
+  return s;
+}
+
+/// Whether `part` is a plain SQL identifier: 1 to `longest` letters, digits and underscores,
+/// not starting with a digit.
+[[nodiscard]] inline bool is_identifier(std::string_view part, std::size_t longest) {
+  if (part.empty() || part.size() > longest) return false;
+  const auto first = static_cast<unsigned char>(part.front());
+  if (!(std::isalpha(first) || first == '_')) return false;
+  for (char c : part) {
+    const auto u = static_cast<unsigned char>(c);
+    if (!(std::isalnum(u) || u == '_')) return false;
+  }
+  return true;
+}
+
+/// What became of a row after a fenced update touched nothing, read back as its status and
+/// fence.
+enum class Settled {
+  by_this_attempt,  ///< It holds `target` under this attempt's fence: an earlier try landed.
+  still_held,       ///< It is still in flight under this attempt's fence.
+  taken_over,       ///< Another attempt took it over (a higher fence), or it settled otherwise.
+  fence_went_back,  ///< In flight under a lower fence: this attempt's takeover was lost.
+};
+
+/// Reads a row's `status` and `stored` fence after this attempt's (`fence`) fenced update to
+/// `target` touched nothing.
+[[nodiscard]] constexpr Settled settled_state(RecordStatus status, std::int64_t stored,
+                                              std::int64_t fence, RecordStatus target) noexcept {
+  if (status == RecordStatus::in_flight && stored < fence) return Settled::fence_went_back;
+  if (stored == fence && status == target) return Settled::by_this_attempt;
+  if (stored == fence && status == RecordStatus::in_flight) return Settled::still_held;
+  return Settled::taken_over;
+}
+
+}  // namespace idemgate::detail
