@@ -9,6 +9,7 @@ IDEMGATE_PACKAGES=(
   postgresql postgresql-contrib
   clang libclang-rt-14-dev
   prometheus doxygen
+  spin patch
 )
 
 idemgate_log() { printf '==> %s\n' "$*" >&2; }
