@@ -7,6 +7,7 @@
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
 
+#include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/reconciler.hpp>
 #include <idemgate/store/postgres.hpp>
@@ -276,4 +277,29 @@ TEST(PostgresRestart, ServerRestartMidRunOfAThousandEventsLosesAndDoublesNothing
   EXPECT_EQ(report.errors, 0u) << report.first_error;
   EXPECT_EQ(fake.slots_issued(), 1000);
   expect_invariants(uri, log, bookings, 1000);
+}
+
+TEST(RelaxedReservations, AnInFlightAnswerRestsOnAReservationThatSurvivesACrash) {
+  // The WAL writer waits 10 s, so an unflushed relaxed reservation stays in the WAL buffers.
+  idemgate::test::PgCluster cluster("-c wal_writer_delay=10s");
+  const std::string log = "relaxed_log";
+  PostgresStore first(cluster.uri(), {.table = log, .relaxed_reservations = true});
+  first.migrate();
+  PostgresStore second(cluster.uri(), {.table = log, .relaxed_reservations = true});
+  const Key key = idemgate::derive_key("relaxed", "crash");
+  const auto fingerprint = idemgate::detail::sha256("request");
+  // A worker reserves (not flushed yet) and dies; the redelivery meets its live lease and is
+  // answered "in flight", which the queue acks: nobody but the reconciler will finish the event.
+  ASSERT_EQ(first.reserve(key, fingerprint, "request", 1min).kind,
+            idemgate::Reservation::Kind::acquired);
+  const auto redelivery = second.reserve(key, fingerprint, "request", 1min);
+  ASSERT_EQ(redelivery.kind, idemgate::Reservation::Kind::existing);
+  ASSERT_EQ(redelivery.status, RecordStatus::in_flight);
+  cluster.crash();
+  cluster.start();
+  PostgresStore after(cluster.uri(), {.table = log});
+  const auto row = after.find(key);
+  ASSERT_TRUE(row.has_value())
+      << "the database crash lost the reservation an acked in_flight answer rested on";
+  EXPECT_EQ(row->status, RecordStatus::in_flight) << "the reconciler finishes it";
 }

@@ -11,12 +11,14 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace idemgate::test {
 
 class PgCluster {
  public:
-  PgCluster() {
+  /// A new cluster; `settings` are extra server settings ("-c name=value …").
+  explicit PgCluster(std::string settings = {}) : settings_(std::move(settings)) {
     const char* bin = std::getenv("IDEMGATE_PG_BIN");
     if (bin == nullptr || *bin == '\0')
       throw std::runtime_error(
@@ -52,8 +54,12 @@ class PgCluster {
   void start() {
     sh(as_pg(bin_ + "/pg_ctl -D " + dir_ + "/data -l " + dir_ + "/server.log -w -t 60 -o \"-p " +
              std::to_string(port_) + " -k " + dir_ +
-             " -c listen_addresses=127.0.0.1 -c fsync=off\" start >/dev/null"));
+             " -c listen_addresses=127.0.0.1 -c fsync=off " + settings_ + "\" start >/dev/null"));
   }
+
+  /// Crashes the server (immediate shutdown: no checkpoint, nothing of the WAL buffers written
+  /// out). Commits that were still only in the WAL buffers are lost, as in a real crash.
+  void crash() { sh(as_pg(bin_ + "/pg_ctl -D " + dir_ + "/data -m immediate -w stop >/dev/null")); }
 
   /// Stops the server (fast shutdown: open transactions are rolled back, clients cut off).
   void stop() { sh(as_pg(bin_ + "/pg_ctl -D " + dir_ + "/data -m fast -w stop >/dev/null")); }
@@ -72,6 +78,7 @@ class PgCluster {
     if (std::system(command.c_str()) != 0) throw std::runtime_error("command failed: " + command);
   }
 
+  std::string settings_;
   std::string bin_;
   std::string dir_;
   int port_ = 0;

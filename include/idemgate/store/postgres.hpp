@@ -286,6 +286,7 @@ class PostgresStore {
         // was lost: read the row again to tell which.
         continue;
       }
+      if (found.status == RecordStatus::in_flight) make_durable(key_param);
       return found;
     }
     throw StoreError("idemgate: the reservation of key " + key.hex() +
@@ -568,6 +569,8 @@ class PostgresStore {
     std::string reserve_batch;
     /// Extends leases still held.
     std::string extend;
+    /// A no-op update whose synchronous commit flushes the WAL (relaxed reservations).
+    std::string make_durable;
     /// Counts the items of a batch committed under their fences (after an in-doubt COMMIT).
     std::string batch_landed;
     /// Re-drives one failed key.
@@ -713,6 +716,7 @@ class PostgresStore {
         " AND updated_at >= 'epoch'::timestamptz + $1::bigint * interval '1 microsecond'"
         " AND updated_at < 'epoch'::timestamptz + $2::bigint * interval '1 microsecond'"
         " LIMIT $3::bigint FOR UPDATE SKIP LOCKED)";
+    s.make_durable = "UPDATE " + t + " SET duplicates = duplicates WHERE key = $1::bytea";
     s.batch_landed = "SELECT count(*) FROM " + t +
                      " AS log, unnest($1::bytea[], $2::bigint[]) AS v(key, fence)"
                      " WHERE log.key = v.key AND log.fence = v.fence AND log.status = 'committed'";
@@ -768,6 +772,12 @@ class PostgresStore {
                            !detail::pq::bool_field(row[5]);
       if (!expired) found[index] = std::move(existing);
     }
+    for (std::size_t i = 0; i < items.size(); ++i)
+      if (found[i] && found[i]->kind == Reservation::Kind::existing &&
+          found[i]->status == RecordStatus::in_flight) {
+        make_durable(detail::pq::bytea_param(items[i].key.view()));
+        break;  // one synchronous commit flushes the WAL for all of them
+      }
     std::vector<Reservation> reservations;
     reservations.reserve(items.size());
     for (std::size_t i = 0; i < items.size(); ++i)
@@ -861,6 +871,20 @@ class PostgresStore {
  private:
   detail::ConnectionPool& reservation_pool() { return relaxed_pool_ ? *relaxed_pool_ : pool_; }
 
+  // With relaxed reservations, an in-flight row another attempt reserved may not be flushed yet:
+  // a database crash could still lose it, and with it the event, once the caller has acked the
+  // "in flight" answer. Before that answer goes out, one synchronous commit on the durable pool
+  // flushes the WAL up to here, the other attempt's reservation included: a no-op update of the
+  // row (a commit that wrote nothing would not wait for the flush). Without relaxed reservations
+  // every reservation is flushed before its answer: nothing to do.
+  void make_durable(const std::string& key_param) {
+    if (!relaxed_pool_) return;
+    run([&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      return detail::pq::exec_prepared(tx, "idemgate_make_durable", key_param);
+    });
+  }
+
   // Statements are prepared on a connection's first use, not when it opens: the table may not
   // exist until migrate() has run.
   void prepare_once(detail::ConnectionPool::Lease& lease) {
@@ -893,6 +917,7 @@ class PostgresStore {
     detail::pq::prepare(c, "idemgate_purge", sql_.purge);
     detail::pq::prepare(c, "idemgate_reserve_batch", sql_.reserve_batch);
     detail::pq::prepare(c, "idemgate_extend", sql_.extend);
+    detail::pq::prepare(c, "idemgate_make_durable", sql_.make_durable);
     detail::pq::prepare(c, "idemgate_batch_landed", sql_.batch_landed);
     detail::pq::prepare(c, "idemgate_redrive_key", sql_.redrive_key);
     detail::pq::prepare(c, "idemgate_redrive_range", sql_.redrive_range);
