@@ -655,3 +655,36 @@ TEST_F(WireFaultTest, BlackholedServerMakesOpeningTheStoreGiveUpWithStoreError) 
                       idemgate::PostgresOptions{.table = log_});
   EXPECT_FALSE(store.find(key_of(1)).has_value()) << "the store works once the network is back";
 }
+
+TEST_F(WireFaultTest, BatchWhoseReservationFailsGivesBackWhatItReserved) {
+  wire_ = Wire::cut;
+  // Relaxed reservations: a batch meeting another worker's in-flight row flushes the WAL before
+  // answering. Cut that flush on the first connection and on the retry's: the batch reservation
+  // fails after its statement reserved the other keys.
+  auto store = std::make_unique<PostgresStore>(
+      proxy_->uri(), idemgate::PostgresOptions{
+                         .table = log_, .checkout_timeout = 10s, .relaxed_reservations = true});
+  auto gate = gate_on(*store, 3s);
+  for (int i = 1; i <= 3; ++i) expect_final(i, Final::committed);
+  std::string bytes;
+  idemgate::codec<SlotRequest>::encode(request_of(1), bytes);
+  ASSERT_EQ(direct_->reserve(key_of(1), idemgate::detail::sha256(bytes), bytes, 200ms).kind,
+            idemgate::Reservation::Kind::acquired);  // another worker holds event 1 for now
+  const auto messages = batch_of(3);
+  for (int attempt = 0; attempt < 2; ++attempt) proxy_->arm(Fault::cut, "idemgate_make_durable");
+  const auto batch = attempt("Gate::process_batch", [&] { return gate.process_batch(messages); });
+  EXPECT_TRUE(proxy_->wait_fired(5s));
+  EXPECT_FALSE(batch.has_value()) << "the batch's reservation failed: nothing to ack";
+  std::this_thread::sleep_for(250ms);  // the other worker's lease on event 1 ran out
+  // The redelivery comes at once, well within the 3 s lease the failed batch had taken.
+  const auto again = attempt("the redelivery", [&] { return gate.process_batch(messages); });
+  ASSERT_TRUE(again.has_value());
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto& result = again->items()[i].result;
+    EXPECT_EQ(result.status(), Status::processed)
+        << "message " << i << ": the failed batch left its reservation under a live lease ("
+        << result.reason() << ")";
+    expect_ack_only_if_finished(messages[i].key, result);
+  }
+  finish_and_check();
+}

@@ -129,9 +129,9 @@ class Reconciler {
     detail::LeaseKeeper<Store> keeper(gate_.store(), gate_.options().lease);
     keeper.hold(std::move(held));
     for (const Stranded& row : stranded) {
-      keeper.keep_alive();
-      keeper.drop(row.key);  // from here on, finishing it decides (and may give it back)
       try {
+        keeper.keep_alive();
+        keeper.drop(row.key);  // from here on, finishing it decides (and may give it back)
         finish(row, report);
       } catch (const std::exception& e) {
         // The row stays in flight under this pass's fence; a later pass takes it again.

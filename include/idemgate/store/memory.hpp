@@ -136,7 +136,7 @@ class MemoryStore {
     for (const HeldLease& h : held) {
       Record* row = holder(h.key, h.fence);
       if (row == nullptr) continue;
-      row->lease_until = now + lease;
+      row->lease_until = detail::saturating_add(now, lease);
       ++extended;
     }
     return extended;

@@ -10,6 +10,8 @@
 #include "../signals.hpp"
 #include "log_row.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -91,12 +93,20 @@ template <class Unit, class Rep, class Period>
 /// A random, non-zero token that marks the rows one attempt wrote (insert, takeover, take-stale),
 /// so that a statement repeated after its reply was lost recognises its own work.
 inline std::int64_t new_holder_token() {
-  thread_local std::mt19937_64 bits{[] {
+  // Seeded per thread, and again in a child after fork(): a forked worker must not repeat its
+  // parent's tokens, or each would take the other's row for its own.
+  struct Source {
+    pid_t pid = 0;
+    std::mt19937_64 bits;
+  };
+  thread_local Source source;
+  if (const pid_t pid = ::getpid(); source.pid != pid) {
     std::random_device seed;
-    return (static_cast<std::uint64_t>(seed()) << 32) ^ seed();
-  }()};
+    source.bits.seed((static_cast<std::uint64_t>(seed()) << 32) ^ seed());
+    source.pid = pid;
+  }
   std::int64_t token = 0;
-  while (token == 0) token = static_cast<std::int64_t>(bits() >> 1);
+  while (token == 0) token = static_cast<std::int64_t>(source.bits() >> 1);
   return token;
 }
 
@@ -772,18 +782,34 @@ class PostgresStore {
                            !detail::pq::bool_field(row[5]);
       if (!expired) found[index] = std::move(existing);
     }
-    for (std::size_t i = 0; i < items.size(); ++i)
-      if (found[i] && found[i]->kind == Reservation::Kind::existing &&
-          found[i]->status == RecordStatus::in_flight) {
-        make_durable(detail::pq::bytea_param(items[i].key.view()));
-        break;  // one synchronous commit flushes the WAL for all of them
-      }
     std::vector<Reservation> reservations;
     reservations.reserve(items.size());
-    for (std::size_t i = 0; i < items.size(); ++i)
-      reservations.push_back(
-          found[i] ? std::move(*found[i])
-                   : reserve(items[i].key, items[i].fingerprint, items[i].request, lease));
+    try {
+      for (std::size_t i = 0; i < items.size(); ++i)
+        if (found[i] && found[i]->kind == Reservation::Kind::existing &&
+            found[i]->status == RecordStatus::in_flight) {
+          make_durable(detail::pq::bytea_param(items[i].key.view()));
+          break;  // one synchronous commit flushes the WAL for all of them
+        }
+      for (std::size_t i = 0; i < items.size(); ++i)
+        reservations.push_back(
+            found[i] ? std::move(*found[i])
+                     : reserve(items[i].key, items[i].fingerprint, items[i].request, lease));
+    } catch (...) {
+      // The caller gets no reservation at all: give back what this call holds, so that the
+      // redeliveries take the events over at once instead of meeting live leases nobody works
+      // under (best effort: with the store down, the leases run out and the reconciler takes over).
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        const Reservation* held =
+            i < reservations.size() ? &reservations[i] : (found[i] ? &*found[i] : nullptr);
+        if (held == nullptr || held->kind == Reservation::Kind::existing) continue;
+        try {
+          release(items[i].key, held->fence, "the batch reservation failed");
+        } catch (...) {
+        }
+      }
+      throw;
+    }
     return reservations;
   }
 
@@ -1049,10 +1075,12 @@ class PostgresStore {
         "idemgate: the business write of key " + key.hex() +
         " broke its transaction: it caught an SQL error (which ends a libpqxx transaction) or "
         "ended the transaction itself, and went on (" +
-        detail + "). Nothing was committed to " + table_ +
-        "; the event stays in flight and its lease was ended. Statements the business write ran "
-        "after the error were not part of the transaction. Let SQL errors propagate out of the "
-        "business write, or recover from an expected one inside a pqxx::subtransaction.");
+        detail + "). Nothing of the log was committed to " + table_ +
+        ": the event stays as it was (in flight, its lease ended; or escalated, for a resolve). "
+        "Statements the business write ran after the transaction ended were not part of it and "
+        "may have committed on their own: check the business table for them. Let SQL errors "
+        "propagate out of the business write, never end its transaction, and recover from an "
+        "expected error inside a pqxx::subtransaction.");
   }
 
   CommitStatus settle(const char* statement, const Key& key, std::int64_t fence,
