@@ -56,7 +56,8 @@ idemgate_pg_bin() {
 idemgate_free_port() {
   local port
   for _ in $(seq 1 200); do
-    port=$((20000 + RANDOM % 40000))
+    # Below the kernel's ephemeral range (32768 and up), where client sockets take their ports.
+    port=$((20000 + RANDOM % 12000))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"
       return 0
@@ -80,18 +81,25 @@ idemgate_start_postgres() {
   IDEMGATE_PG_DIR=$(mktemp -d /tmp/idemgate-pg.XXXXXX)
   chmod 755 "$IDEMGATE_PG_DIR"
   if [[ $(id -u) -eq 0 ]]; then chown postgres:postgres "$IDEMGATE_PG_DIR"; fi
-  IDEMGATE_PG_PORT=$(idemgate_free_port)
   idemgate_as_pg "$bin/initdb" -D "$IDEMGATE_PG_DIR/data" -U postgres -A trust -E UTF8 \
     --no-sync >"$IDEMGATE_PG_DIR/initdb.log" 2>&1 || {
     cat "$IDEMGATE_PG_DIR/initdb.log" >&2
     return 1
   }
-  idemgate_as_pg "$bin/pg_ctl" -D "$IDEMGATE_PG_DIR/data" -l "$IDEMGATE_PG_DIR/server.log" -w \
-    -t 60 -o "-p $IDEMGATE_PG_PORT -k $IDEMGATE_PG_DIR -c listen_addresses=127.0.0.1 \
--c max_connections=300 -c shared_preload_libraries=pg_stat_statements $*" start >/dev/null || {
-    cat "$IDEMGATE_PG_DIR/server.log" >&2
-    return 1
-  }
+  # A port that looked free can be taken before the server binds it: try another one.
+  local try
+  for try in 1 2 3 4 5; do
+    IDEMGATE_PG_PORT=$(idemgate_free_port)
+    if idemgate_as_pg "$bin/pg_ctl" -D "$IDEMGATE_PG_DIR/data" -l "$IDEMGATE_PG_DIR/server.log" \
+      -w -t 60 -o "-p $IDEMGATE_PG_PORT -k $IDEMGATE_PG_DIR -c listen_addresses=127.0.0.1 \
+-c max_connections=300 -c shared_preload_libraries=pg_stat_statements $*" start >/dev/null; then
+      break
+    fi
+    if [[ $try -eq 5 ]]; then
+      cat "$IDEMGATE_PG_DIR/server.log" >&2
+      return 1
+    fi
+  done
   export IDEMGATE_TEST_PG="postgresql://postgres@127.0.0.1:$IDEMGATE_PG_PORT/postgres"
   export IDEMGATE_PG_BIN="$bin"
   idemgate_log "PostgreSQL on 127.0.0.1:$IDEMGATE_PG_PORT (data in $IDEMGATE_PG_DIR)"

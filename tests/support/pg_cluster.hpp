@@ -33,7 +33,7 @@ class PgCluster {
              "/initdb.log 2>&1"));
     std::random_device rd;
     for (int attempt = 0;; ++attempt) {
-      port_ = 20000 + static_cast<int>(rd() % 40000);
+      port_ = 20000 + static_cast<int>(rd() % 12000);  // below the ephemeral port range
       try {
         start();
         return;
