@@ -42,6 +42,17 @@ struct GateOptions {
 
 namespace detail {
 
+/// Ends a lease the caller holds, keeping `reason` as why where the store can
+/// (`explaining_store`). False when the fence no longer holds.
+template <class Store>
+bool release_with_reason(Store& store, const Key& key, std::int64_t fence,
+                         std::string_view reason) {
+  if constexpr (explaining_store<Store>)
+    return store.release(key, fence, reason);
+  else
+    return store.release(key, fence);
+}
+
 /// Keeps the leases of a batch alive while its events are worked through one after another: every
 /// third of the lease, one `extend` call renews every lease still held. A no-op on a store that
 /// cannot extend leases.
@@ -280,10 +291,7 @@ class Gate {
       if (store_.fail(key, fence, reason) == CommitStatus::lost_lease) return lost_lease_result();
       return result_type::because(Status::failed, std::move(reason));
     }
-    if constexpr (explaining_store<Store>)
-      store_.release(key, fence, answer.reason());
-    else
-      store_.release(key, fence);
+    detail::release_with_reason(store_, key, fence, answer.reason());
     return result_type::because(Status::retry, std::string(answer.reason()));
   }
 
@@ -558,10 +566,7 @@ class Gate {
   // store is down, the lease runs out by itself and the reconciler takes over.
   void give_back_one(const Key& key, std::int64_t fence, const std::string& reason) noexcept {
     try {
-      if constexpr (explaining_store<Store>)
-        store_.release(key, fence, reason);
-      else
-        store_.release(key, fence);
+      detail::release_with_reason(store_, key, fence, reason);
     } catch (...) {
     }
   }

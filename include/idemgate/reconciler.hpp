@@ -238,10 +238,7 @@ class Reconciler {
   // Ends this pass's lease at once, keeping why: a later pass takes the row again (counting an
   // attempt) after `stale_after`, and shows the reason if it gives up.
   void defer(const Stranded& row, const std::string& reason, ReconcileReport& report) {
-    if constexpr (explaining_store<Store>)
-      gate_.store().release(row.key, row.fence, reason);
-    else
-      gate_.store().release(row.key, row.fence);
+    detail::release_with_reason(gate_.store(), row.key, row.fence, reason);
     ++report.deferred;
   }
 
