@@ -6,6 +6,14 @@ install(EXPORT idemgate-targets
   NAMESPACE idemgate::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idemgate)
 
+# idemgate::testing links GoogleTest: the config loads it only when it finds GTest.
+if(TARGET idemgate_testing)
+  install(TARGETS idemgate_testing EXPORT idemgate-testing-targets)
+  install(EXPORT idemgate-testing-targets
+    NAMESPACE idemgate::
+    DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idemgate)
+endif()
+
 configure_package_config_file(cmake/idemgate-config.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/idemgate-config.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idemgate)

@@ -1,6 +1,6 @@
 // SqliteStore on its own: several processes on one file, WAL, bad files, locks, the
 // transaction handle, business writes that break their transaction, backup and restore. The
-// behaviours every store shares are in test_store_conformance.cpp.
+// behaviours every store shares are in test_conformance_sqlite.cpp.
 
 #include "support/fake_terminal.hpp"
 #include "support/monday.hpp"

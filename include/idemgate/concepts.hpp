@@ -34,7 +34,7 @@ struct BusinessWriteProbe {
  * already holds; an in-flight row whose lease has expired is taken over with a fence bump.
  * `commit` runs the caller's business write and the fenced status change in one transaction:
  * when the fence no longer matches, nothing is written. See `docs/stores.md` to write your own;
- * `tests/test_store_conformance.cpp` is what a correct store passes.
+ * the conformance suite in `testing/store_conformance.hpp` is what a correct store passes.
  */
 template <class S>
 concept store = requires(S& s, const Key& key, const Fingerprint& fingerprint,

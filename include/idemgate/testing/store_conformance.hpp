@@ -1,258 +1,193 @@
-// The store conformance suite: the same behaviours over every store. A store that passes it is a
-// correct store. To check your own, write a traits type like the ones below and add it to
-// `Stores` (see docs/stores.md).
+// SPDX-License-Identifier: MIT
+// The store conformance suite: the same behaviours over every store, as a type-parameterised
+// GoogleTest suite. A store that passes it is a correct store.
+#pragma once
 
-#include "support/fake_terminal.hpp"
-#include "support/monday.hpp"
-#include "support/postgres.hpp"
-#include "support/slot_request.hpp"
+/**
+ * @file
+ * Run it over a store by writing a traits type (see `store_traits.hpp`) and instantiating the
+ * suite with it, in the namespace the suite is defined in. Example:
+ *
+ *     struct MyStoreTraits : idemgate::testing::OnCommitBusinessRows { ... };
+ *     namespace idemgate::testing {
+ *     INSTANTIATE_TYPED_TEST_SUITE_P(MyStore, StoreConformance, MyStoreTraits);
+ *     }
+ *
+ * and linking the CMake target `idemgate::testing` (with `GTest::gtest_main`, or a main of your
+ * own). Tests are named `MyStore/StoreConformance/0.<Behaviour>`. Stores whose business write
+ * runs SQL in the store's transaction also run `SqlStoreConformance`
+ * (`sql_store_conformance.hpp`).
+ */
 
-#include <idemgate/gate.hpp>
-#include <idemgate/signals.hpp>
-#include <idemgate/store/memory.hpp>
-#include <idemgate/store/postgres.hpp>
-#include <idemgate/store/sqlite.hpp>
+#include "../codec.hpp"
+#include "../concepts.hpp"
+#include "../errors.hpp"
+#include "../gate.hpp"
+#include "../key.hpp"
+#include "../outcome.hpp"
+#include "../record.hpp"
+#include "../signals.hpp"
+#include "store_traits.hpp"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <chrono>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
-#include <memory>
+#include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
-using idemgate::CommitStatus;
-using idemgate::Key;
-using idemgate::Mismatch;
-using idemgate::Record;
-using idemgate::RecordStatus;
-using idemgate::Reservation;
-using idemgate::StoreSignals;
-using idemgate::Stranded;
+namespace idemgate::testing {
+
+// The suite's durations read as literals (`10s`, `11min`); the literal operators are all this
+// brings into the namespace.
 using namespace std::chrono_literals;
 
-namespace {
+/// @cond
+// The suite's fake downstream, its events and keys: not part of the API.
+namespace detail {
 
-/// Real time plus an offset that tests move forward; safe to read from any thread.
-class ShiftableClock {
- public:
-  std::chrono::system_clock::time_point now() const {
-    return std::chrono::system_clock::now() + std::chrono::milliseconds(offset_ms_.load());
+/// A slot claim at the terminal: a container and its preferred window.
+struct SlotRequest {
+  std::string container;
+  std::string window;
+  friend bool operator==(const SlotRequest&, const SlotRequest&) = default;
+};
+
+}  // namespace detail
+}  // namespace idemgate::testing
+
+/// Canonical encoding of the suite's slot claim: container, newline, window.
+template <>
+struct idemgate::codec<idemgate::testing::detail::SlotRequest> {
+  /// Writes `container\nwindow`.
+  static void encode(const idemgate::testing::detail::SlotRequest& r, std::string& out) {
+    if (r.container.find('\n') != std::string::npos)
+      throw idemgate::CodecError("container holds a newline");
+    out = r.container + '\n' + r.window;
   }
-  void advance(std::chrono::milliseconds by) { offset_ms_ += by.count(); }
-  std::function<std::chrono::system_clock::time_point()> fn() {
-    return [this] { return now(); };
+  /// Reads what `encode` wrote.
+  static idemgate::testing::detail::SlotRequest decode(std::string_view in) {
+    const auto split = in.find('\n');
+    if (split == std::string_view::npos) throw idemgate::CodecError("no newline in slot request");
+    return {std::string(in.substr(0, split)), std::string(in.substr(split + 1))};
+  }
+};
+
+namespace idemgate::testing {
+namespace detail {
+
+/// A slot API that honours idempotency keys and counts what it was asked, in process: the same
+/// key always gets the slot it got first, so a repeated claim never hands out a second slot.
+class SlotTerminal {
+ public:
+  using request_type = SlotRequest;
+  using outcome_type = std::string;
+  static constexpr bool honours_idempotency_key = true;
+
+  /// Hands out a new slot for a new key, the key's first slot for a key seen before.
+  ClaimResult<std::string> claim(const SlotRequest&, const Key& key) {
+    calls_.fetch_add(1);
+    std::lock_guard lock(mutex_);
+    auto it = by_key_.find(key);
+    if (it != by_key_.end()) return it->second;
+    std::string slot = "slot-" + std::to_string(++issued_);
+    by_key_.emplace(key, slot);
+    return slot;
+  }
+  /// Claims made.
+  int calls() const { return calls_.load(); }
+  /// Distinct slots handed out.
+  int slots_issued() const {
+    std::lock_guard lock(mutex_);
+    return issued_;
   }
 
  private:
-  std::atomic<std::int64_t> offset_ms_{0};
+  std::atomic<int> calls_{0};
+  mutable std::mutex mutex_;
+  int issued_ = 0;
+  std::map<Key, std::string> by_key_;
 };
 
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Traits: how the suite makes a fresh store, writes and counts business rows, and lets time
-// pass. Every traits type provides the same members. They live outside the anonymous namespace
-// so that test names read `StoreConformance.<Behaviour><SqliteTraits>`.
-// ---------------------------------------------------------------------------------------------
-
-/// MemoryStore: business rows are kept in a vector by `on_commit`; time is an injected clock.
-struct MemoryTraits {
-  using Store = idemgate::MemoryStore;
-
-  void set_up() { store = std::make_unique<Store>(clock.fn()); }
-  void tear_down() {}
-
-  /// The business write: one row tagged with the key, staged in the store's transaction.
-  void write_business(Store::transaction& tx, const Key& key) {
-    tx.on_commit([this, key] {
-      std::lock_guard lock(mutex);
-      rows.push_back(key);
-    });
-  }
-  std::int64_t business_rows() {
-    std::lock_guard lock(mutex);
-    return static_cast<std::int64_t>(rows.size());
-  }
-  std::int64_t business_rows_for(const Key& key) {
-    std::lock_guard lock(mutex);
-    return std::count(rows.begin(), rows.end(), key);
-  }
-  std::int64_t distinct_business_events() {
-    std::lock_guard lock(mutex);
-    return static_cast<std::int64_t>(std::set<Key>(rows.begin(), rows.end()).size());
-  }
-  /// Lets `by` pass for every lease and timestamp in the store.
-  void advance(std::chrono::milliseconds by) { clock.advance(by); }
-
-  ShiftableClock clock;
-  std::unique_ptr<Store> store;
-  std::mutex mutex;
-  std::vector<Key> rows;
+/// One notification of a Monday's storm: which event, for which container and window.
+struct Notification {
+  std::string notification_id;
+  std::string equipment_number;
+  std::string preferred_window;
 };
 
-/// SqliteStore: a fresh file in a temp directory; business rows in a table of the same file;
-/// time is an injected clock.
-struct SqliteTraits {
-  using Store = idemgate::SqliteStore;
+/// The 39 notifications of a Monday.
+inline std::vector<Notification> monday_notifications() {
+  std::vector<Notification> all;
+  for (int i = 0; i < 39; ++i) {
+    all.push_back({"CIS-2025-06-09-" + std::to_string(1000 + i),
+                   "MSKU" + std::to_string(7000000 + i * 37),
+                   "2025-06-09T" + std::to_string(6 + i % 12) + ":00"});
+  }
+  return all;
+}
 
-  void set_up() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "idemgate-conformance-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << "cannot create a temp directory";
-    dir = pattern;
-    const std::string path = (dir / "idemgate.db").string();
-    store = std::make_unique<Store>(path, idemgate::SqliteOptions{.clock = clock.fn()});
-    store->migrate();
-    sqlite3* raw = nullptr;
-    ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-    reader.reset(raw);
-    idemgate::detail::sqlite::exec(reader.get(),
-                                   "CREATE TABLE bookings (id INTEGER PRIMARY KEY, source_event "
-                                   "BLOB NOT NULL, note TEXT NOT NULL)");
-    // A trigger that rolls the whole transaction back, as a business rule might.
-    idemgate::detail::sqlite::exec(reader.get(), "CREATE TABLE tripwire (x INTEGER)");
-    idemgate::detail::sqlite::exec(reader.get(),
-                                   "CREATE TRIGGER tripwire_rolls_back BEFORE INSERT ON tripwire "
-                                   "BEGIN SELECT RAISE(ROLLBACK, 'tripwire'); END");
+/// 87 deliveries of the 39 notifications (17 of them 2 to 6 times, 22 once), shuffled.
+inline std::vector<Notification> monday_deliveries() {
+  const auto notifications = monday_notifications();
+  const int copies[17] = {6, 6, 5, 5, 5, 4, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2};
+  std::vector<Notification> deliveries;
+  for (std::size_t i = 0; i < notifications.size(); ++i) {
+    const int n = i < 17 ? copies[i] : 1;
+    for (int c = 0; c < n; ++c) deliveries.push_back(notifications[i]);
   }
+  std::mt19937 rng(9);
+  std::shuffle(deliveries.begin(), deliveries.end(), rng);
+  return deliveries;
+}
 
-  /// Runs the statement that ends the whole transaction; the business write catches its error.
-  void break_transaction(Store::transaction& tx) {
-    try {
-      tx.exec("INSERT INTO tripwire VALUES (1)");
-    } catch (const std::exception&) {
-      // swallowed, as a careless business write would
-    }
-  }
-  void tear_down() {
-    store.reset();
-    reader.reset();
-    if (!dir.empty()) std::filesystem::remove_all(dir);
-  }
-
-  void write_business(Store::transaction& tx, const Key& key) {
-    tx.exec("INSERT INTO bookings (source_event, note) VALUES (?, ?)", key, "booked");
-  }
-  std::int64_t business_rows() { return count("SELECT count(*) FROM bookings"); }
-  std::int64_t business_rows_for(const Key& key) {
-    return count("SELECT count(*) FROM bookings WHERE source_event = ?", key);
-  }
-  std::int64_t distinct_business_events() {
-    return count("SELECT count(DISTINCT source_event) FROM bookings");
-  }
-  void advance(std::chrono::milliseconds by) { clock.advance(by); }
-
-  template <class... Args>
-  std::int64_t count(const std::string& sql, const Args&... args) {
-    return idemgate::detail::sqlite::query_int(reader.get(), sql, args...).value_or(-1);
-  }
-
-  ShiftableClock clock;
-  std::filesystem::path dir;
-  std::unique_ptr<Store> store;
-  idemgate::detail::sqlite::Connection reader;  // a second connection: sees only what committed
-};
-
-/// PostgresStore: unique tables on the server in IDEMGATE_TEST_PG (the suite fails without it);
-/// time passes by moving the stored timestamps back (the log's and the mismatches').
-struct PostgresTraits {
-  using Store = idemgate::PostgresStore;
-
-  void set_up() {
-    namespace t = idemgate::test;
-    uri = t::pg_uri();
-    ASSERT_FALSE(uri.empty()) << "the conformance suite needs PostgreSQL: set IDEMGATE_TEST_PG";
-    log = t::unique_table("clog");
-    bookings = t::unique_table("cbiz");
-    t::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
-    t::pg_exec("CREATE TABLE " + bookings +
-               " (id bigserial PRIMARY KEY, source_event bytea NOT NULL, note text NOT NULL)");
-    // Eight connections: the concurrency tests run eight threads that really race.
-    store = std::make_unique<Store>(
-        uri, idemgate::PostgresOptions{.table = log, .pool_size = 8, .checkout_timeout = 5s});
-    store->migrate();
-  }
-  void tear_down() {
-    store.reset();
-    if (!uri.empty())
-      idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " +
-                              bookings);
-  }
-
-  void write_business(Store::transaction& tx, const Key& key) {
-    namespace pq = idemgate::detail::pq;
-    pq::exec_params(tx, "INSERT INTO " + bookings + " (source_event, note) VALUES ($1::bytea, $2)",
-                    pq::bytea_param(key.view()), std::string("booked"));
-  }
-
-  /// Runs a statement that fails, which ends a libpqxx transaction; the business write catches
-  /// its error.
-  void break_transaction(Store::transaction& tx) {
-    try {
-      idemgate::detail::pq::exec(tx, "SELECT 1 / 0");
-    } catch (const std::exception&) {
-      // swallowed, as a careless business write would
-    }
-  }
-  std::int64_t business_rows() {
-    return idemgate::test::pg_count("SELECT count(*) FROM " + bookings);
-  }
-  std::int64_t business_rows_for(const Key& key) {
-    return idemgate::test::pg_count("SELECT count(*) FROM " + bookings + " WHERE source_event = '" +
-                                    idemgate::detail::pq::bytea_param(key.view()) + "'::bytea");
-  }
-  std::int64_t distinct_business_events() {
-    return idemgate::test::pg_count("SELECT count(DISTINCT source_event) FROM " + bookings);
-  }
-  void advance(std::chrono::milliseconds by) {
-    const std::string shift = std::to_string(by.count()) + " * interval '1 millisecond'";
-    idemgate::test::pg_exec("UPDATE " + log + " SET lease_until = lease_until - " + shift +
-                            ", updated_at = updated_at - " + shift +
-                            ", created_at = created_at - " + shift);
-    idemgate::test::pg_exec("UPDATE " + log + "_mismatches SET at = at - " + shift);
-  }
-
-  std::string uri, log, bookings;
-  std::unique_ptr<Store> store;
-};
-
-// ---------------------------------------------------------------------------------------------
-// The suite.
-// ---------------------------------------------------------------------------------------------
-
-namespace {
-
-Key key_of(const std::string& name) {
-  return idemgate::derive_key("conformance", name);
+/// The key of the suite's event `name`.
+inline Key key_of(const std::string& name) {
+  return derive_key("conformance", name);
 }
 
 /// The `i`-th key of a batch called `name`.
-Key key_of(const std::string& name, int i) {
-  return idemgate::derive_key("conformance", name, std::to_string(i));
+inline Key key_of(const std::string& name, int i) {
+  return derive_key("conformance", name, std::to_string(i));
 }
 
+}  // namespace detail
+/// @endcond
+
+/**
+ * The fixture of the conformance suite: one fresh store per test, made by `Traits`
+ * (see `store_traits`), and the helpers the tests share.
+ */
 template <class Traits>
 class StoreConformance : public ::testing::Test {
+  static_assert(store_traits<Traits>,
+                "the traits type does not meet idemgate::testing::store_traits: give it the "
+                "members listed in <idemgate/testing/store_traits.hpp>");
+
  protected:
+  /// The store under test.
   using Store = typename Traits::Store;
 
+  /// Makes the test's fresh store (`Traits::set_up`).
   void SetUp() override { ASSERT_NO_FATAL_FAILURE(traits_.set_up()); }
+  /// Removes what `SetUp` made (`Traits::tear_down`).
   void TearDown() override { traits_.tear_down(); }
 
+  /// The store `set_up` made.
   Store& store() { return *traits_.store; }
 
+  /// Reserves `key` for `request` (its fingerprint is the request's SHA-256).
   Reservation reserve(const Key& key, const std::string& request = "request",
                       std::chrono::milliseconds lease = 1min) {
     return store().reserve(key, idemgate::detail::sha256(request), request, lease);
@@ -263,6 +198,7 @@ class StoreConformance : public ::testing::Test {
     return [this, key](auto& tx) { traits_.write_business(tx, key); };
   }
 
+  /// The status of `key`'s row; throws when there is none.
   RecordStatus status_of(const Key& key) {
     const auto row = store().find(key);
     if (!row) throw std::logic_error("no row for " + key.hex());
@@ -273,9 +209,9 @@ class StoreConformance : public ::testing::Test {
   /// while the first is still in flight).
   void traffic(const std::string& name, int distinct, int repeated) {
     for (int i = 0; i < distinct; ++i)
-      ASSERT_EQ(reserve(key_of(name, i)).kind, Reservation::Kind::acquired) << name << i;
+      ASSERT_EQ(reserve(detail::key_of(name, i)).kind, Reservation::Kind::acquired) << name << i;
     for (int i = 0; i < repeated; ++i)
-      ASSERT_EQ(reserve(key_of(name, i)).kind, Reservation::Kind::existing) << name << i;
+      ASSERT_EQ(reserve(detail::key_of(name, i)).kind, Reservation::Kind::existing) << name << i;
   }
 
   /// Reserves `key` and settles it as `status` (in flight: left as reserved).
@@ -297,16 +233,16 @@ class StoreConformance : public ::testing::Test {
     }
   }
 
+  /// The traits object of this test.
   Traits traits_;
 };
 
-using Stores = ::testing::Types<MemoryTraits, SqliteTraits, PostgresTraits>;
-TYPED_TEST_SUITE(StoreConformance, Stores);
+/// @cond
+// The tests. Their names, as GoogleTest prints them, say what each one checks.
+TYPED_TEST_SUITE_P(StoreConformance);
 
-}  // namespace
-
-TYPED_TEST(StoreConformance, FirstReservationAcquiresWithFenceOne) {
-  const Key key = key_of("first");
+TYPED_TEST_P(StoreConformance, FirstReservationAcquiresWithFenceOne) {
+  const Key key = detail::key_of("first");
   EXPECT_FALSE(this->store().find(key).has_value());
   const Reservation r = this->reserve(key, "MSKU1\n07:00");
   EXPECT_EQ(r.kind, Reservation::Kind::acquired);
@@ -322,8 +258,8 @@ TYPED_TEST(StoreConformance, FirstReservationAcquiresWithFenceOne) {
   EXPECT_GT(row->lease_until, row->created_at);
 }
 
-TYPED_TEST(StoreConformance, SecondReservationFindsTheKeyInFlightAsTheSameRequest) {
-  const Key key = key_of("second");
+TYPED_TEST_P(StoreConformance, SecondReservationFindsTheKeyInFlightAsTheSameRequest) {
+  const Key key = detail::key_of("second");
   ASSERT_EQ(this->reserve(key).kind, Reservation::Kind::acquired);
   const Reservation again = this->reserve(key);
   EXPECT_EQ(again.kind, Reservation::Kind::existing);
@@ -333,8 +269,8 @@ TYPED_TEST(StoreConformance, SecondReservationFindsTheKeyInFlightAsTheSameReques
   EXPECT_EQ(this->store().find(key)->fence, 1) << "a live lease is never taken over";
 }
 
-TYPED_TEST(StoreConformance, ReservationWithADifferentRequestIsNotTheSameRequest) {
-  const Key key = key_of("different");
+TYPED_TEST_P(StoreConformance, ReservationWithADifferentRequestIsNotTheSameRequest) {
+  const Key key = detail::key_of("different");
   ASSERT_EQ(this->reserve(key, "first request", 10s).kind, Reservation::Kind::acquired);
   const Reservation clash = this->reserve(key, "second request", 10s);
   EXPECT_EQ(clash.kind, Reservation::Kind::existing);
@@ -348,8 +284,8 @@ TYPED_TEST(StoreConformance, ReservationWithADifferentRequestIsNotTheSameRequest
   EXPECT_EQ(this->store().find(key)->request, "first request");
 }
 
-TYPED_TEST(StoreConformance, CommitWritesStatusResultAndBusinessRowTogether) {
-  const Key key = key_of("commit");
+TYPED_TEST_P(StoreConformance, CommitWritesStatusResultAndBusinessRowTogether) {
+  const Key key = detail::key_of("commit");
   const Reservation r = this->reserve(key);
   EXPECT_EQ(this->traits_.business_rows(), 0);
   EXPECT_EQ(this->store().commit(key, r.fence, "slot-1", this->writer(key)),
@@ -367,8 +303,8 @@ TYPED_TEST(StoreConformance, CommitWritesStatusResultAndBusinessRowTogether) {
   EXPECT_EQ(duplicate.result, "slot-1");
 }
 
-TYPED_TEST(StoreConformance, CommitUnderAStaleFenceLosesTheLeaseAndWritesNothing) {
-  const Key key = key_of("stale");
+TYPED_TEST_P(StoreConformance, CommitUnderAStaleFenceLosesTheLeaseAndWritesNothing) {
+  const Key key = detail::key_of("stale");
   const Reservation first = this->reserve(key, "request", 10s);
   this->traits_.advance(11s);
   const Reservation second = this->reserve(key, "request", 10s);
@@ -387,14 +323,15 @@ TYPED_TEST(StoreConformance, CommitUnderAStaleFenceLosesTheLeaseAndWritesNothing
             CommitStatus::committed);
   EXPECT_EQ(this->traits_.business_rows_for(key), 1);
   EXPECT_EQ(this->store().find(key)->result, "slot-new");
-  EXPECT_THROW((void)this->store().commit(key_of("never reserved"), 1, "slot", this->writer(key)),
-               idemgate::StoreError)
+  EXPECT_THROW(
+      (void)this->store().commit(detail::key_of("never reserved"), 1, "slot", this->writer(key)),
+      idemgate::StoreError)
       << "no row: the caller's reservation was lost; never acked";
   EXPECT_EQ(this->traits_.business_rows(), 1);
 }
 
-TYPED_TEST(StoreConformance, BusinessWriteThatThrowsCommitsNothingAndLeavesTheRowInFlight) {
-  const Key key = key_of("throws");
+TYPED_TEST_P(StoreConformance, BusinessWriteThatThrowsCommitsNothingAndLeavesTheRowInFlight) {
+  const Key key = detail::key_of("throws");
   const Reservation r = this->reserve(key);
   auto failing = [&](auto& tx) {
     this->traits_.write_business(tx, key);
@@ -411,8 +348,8 @@ TYPED_TEST(StoreConformance, BusinessWriteThatThrowsCommitsNothingAndLeavesTheRo
   EXPECT_EQ(this->traits_.business_rows(), 1);
 }
 
-TYPED_TEST(StoreConformance, RepeatedCommitUnderTheSameFenceIsCommittedWithoutRepeatingTheWrite) {
-  const Key key = key_of("repeat");
+TYPED_TEST_P(StoreConformance, RepeatedCommitUnderTheSameFenceIsCommittedWithoutRepeatingTheWrite) {
+  const Key key = detail::key_of("repeat");
   const Reservation r = this->reserve(key);
   ASSERT_EQ(this->store().commit(key, r.fence, "slot-1", this->writer(key)),
             CommitStatus::committed);
@@ -427,8 +364,8 @@ TYPED_TEST(StoreConformance, RepeatedCommitUnderTheSameFenceIsCommittedWithoutRe
   EXPECT_EQ(this->traits_.business_rows(), 1);
 }
 
-TYPED_TEST(StoreConformance, FailIsFencedAndTheNextReservationSeesTheReason) {
-  const Key key = key_of("fail");
+TYPED_TEST_P(StoreConformance, FailIsFencedAndTheNextReservationSeesTheReason) {
+  const Key key = detail::key_of("fail");
   const Reservation r = this->reserve(key);
   EXPECT_THROW((void)this->store().fail(key, r.fence + 1, "a takeover lost in a crash"),
                idemgate::StoreError)
@@ -445,12 +382,13 @@ TYPED_TEST(StoreConformance, FailIsFencedAndTheNextReservationSeesTheReason) {
   EXPECT_EQ(this->store().escalate(key, r.fence, "late"), CommitStatus::lost_lease);
   EXPECT_EQ(this->status_of(key), RecordStatus::failed);
   EXPECT_EQ(this->traits_.business_rows(), 0);
-  EXPECT_THROW((void)this->store().fail(key_of("never reserved"), 1, "x"), idemgate::StoreError)
+  EXPECT_THROW((void)this->store().fail(detail::key_of("never reserved"), 1, "x"),
+               idemgate::StoreError)
       << "no row: nobody holds the event, so the answer must not be acked";
 }
 
-TYPED_TEST(StoreConformance, EscalateIsFencedAndTheNextReservationSeesTheReason) {
-  const Key key = key_of("escalate");
+TYPED_TEST_P(StoreConformance, EscalateIsFencedAndTheNextReservationSeesTheReason) {
+  const Key key = detail::key_of("escalate");
   const Reservation first = this->reserve(key, "request", 10s);
   this->traits_.advance(11s);
   const Reservation second = this->reserve(key, "request", 10s);
@@ -470,8 +408,8 @@ TYPED_TEST(StoreConformance, EscalateIsFencedAndTheNextReservationSeesTheReason)
   EXPECT_EQ(this->traits_.business_rows(), 0);
 }
 
-TYPED_TEST(StoreConformance, ReleaseNeedsTheCurrentFenceAndKeepsTheRowInFlight) {
-  const Key key = key_of("release");
+TYPED_TEST_P(StoreConformance, ReleaseNeedsTheCurrentFenceAndKeepsTheRowInFlight) {
+  const Key key = detail::key_of("release");
   const Reservation r = this->reserve(key);
   EXPECT_FALSE(this->store().release(key, r.fence + 1));
   EXPECT_EQ(this->reserve(key).kind, Reservation::Kind::existing)
@@ -484,11 +422,11 @@ TYPED_TEST(StoreConformance, ReleaseNeedsTheCurrentFenceAndKeepsTheRowInFlight) 
   EXPECT_LT(row->lease_until, row->updated_at) << "its lease ended when it was released";
   EXPECT_LT(row->lease_until, row->created_at);
   EXPECT_TRUE(this->store().release(key, r.fence)) << "releasing again under the fence is harmless";
-  EXPECT_FALSE(this->store().release(key_of("never reserved"), 1));
+  EXPECT_FALSE(this->store().release(detail::key_of("never reserved"), 1));
 }
 
-TYPED_TEST(StoreConformance, ReleasedKeyIsTakenOverAtOnceWithTheNextFence) {
-  const Key key = key_of("release-takeover");
+TYPED_TEST_P(StoreConformance, ReleasedKeyIsTakenOverAtOnceWithTheNextFence) {
+  const Key key = detail::key_of("release-takeover");
   const Reservation r = this->reserve(key, "request", 1h);
   ASSERT_TRUE(this->store().release(key, r.fence));
   const Reservation next = this->reserve(key, "request", 1h);
@@ -509,8 +447,8 @@ TYPED_TEST(StoreConformance, ReleasedKeyIsTakenOverAtOnceWithTheNextFence) {
   EXPECT_EQ(this->traits_.business_rows_for(key), 1);
 }
 
-TYPED_TEST(StoreConformance, ReleasedRowThatNoDeliveryReclaimsIsLeftToTheReconciler) {
-  const Key key = key_of("release-stale");
+TYPED_TEST_P(StoreConformance, ReleasedRowThatNoDeliveryReclaimsIsLeftToTheReconciler) {
+  const Key key = detail::key_of("release-stale");
   const Reservation r = this->reserve(key, "request", 1h);
   ASSERT_TRUE(this->store().release(key, r.fence));
   EXPECT_TRUE(this->store().take_stale(10, 1min, 1min).empty())
@@ -528,8 +466,8 @@ TYPED_TEST(StoreConformance, ReleasedRowThatNoDeliveryReclaimsIsLeftToTheReconci
   EXPECT_EQ(this->traits_.business_rows_for(key), 1);
 }
 
-TYPED_TEST(StoreConformance, RepeatedFailOrEscalateUnderTheSameFenceIsCommitted) {
-  const Key failed = key_of("repeat-fail"), parked = key_of("repeat-escalate");
+TYPED_TEST_P(StoreConformance, RepeatedFailOrEscalateUnderTheSameFenceIsCommitted) {
+  const Key failed = detail::key_of("repeat-fail"), parked = detail::key_of("repeat-escalate");
   const Reservation f = this->reserve(failed);
   const Reservation p = this->reserve(parked);
   ASSERT_EQ(this->store().fail(failed, f.fence, "422"), CommitStatus::committed);
@@ -544,8 +482,8 @@ TYPED_TEST(StoreConformance, RepeatedFailOrEscalateUnderTheSameFenceIsCommitted)
   EXPECT_EQ(this->status_of(parked), RecordStatus::escalated);
 }
 
-TYPED_TEST(StoreConformance, ExpiredLeaseIsTakenOverWithTheNextFenceLiveLeaseIsNot) {
-  const Key key = key_of("takeover");
+TYPED_TEST_P(StoreConformance, ExpiredLeaseIsTakenOverWithTheNextFenceLiveLeaseIsNot) {
+  const Key key = detail::key_of("takeover");
   ASSERT_EQ(this->reserve(key, "request", 10s).fence, 1);
   this->traits_.advance(5s);
   const Reservation live = this->reserve(key, "request", 10s);
@@ -563,9 +501,10 @@ TYPED_TEST(StoreConformance, ExpiredLeaseIsTakenOverWithTheNextFenceLiveLeaseIsN
   EXPECT_EQ(this->store().find(key)->fence, 3);
 }
 
-TYPED_TEST(StoreConformance, TakeStaleRespectsLeaseStalenessAndLimitAndBumpsFences) {
-  const Key k1 = key_of("stale-1"), k2 = key_of("stale-2"), k3 = key_of("stale-3");
-  const Key live = key_of("stale-live"), done = key_of("stale-done");
+TYPED_TEST_P(StoreConformance, TakeStaleRespectsLeaseStalenessAndLimitAndBumpsFences) {
+  const Key k1 = detail::key_of("stale-1"), k2 = detail::key_of("stale-2"),
+            k3 = detail::key_of("stale-3");
+  const Key live = detail::key_of("stale-live"), done = detail::key_of("stale-done");
   // Lease order (k2, k3, k1) differs from insertion order, so "oldest lease first" shows.
   this->reserve(k1, "r1", 30s);
   this->reserve(k2, "r2", 10s);
@@ -602,9 +541,9 @@ TYPED_TEST(StoreConformance, TakeStaleRespectsLeaseStalenessAndLimitAndBumpsFenc
   EXPECT_EQ(this->traits_.business_rows(), 2);
 }
 
-TYPED_TEST(StoreConformance, EscalatedListsOldestFirst) {
-  const Key a = key_of("esc-a"), b = key_of("esc-b"), c = key_of("esc-c");
-  const Key flying = key_of("esc-flying");
+TYPED_TEST_P(StoreConformance, EscalatedListsOldestFirst) {
+  const Key a = detail::key_of("esc-a"), b = detail::key_of("esc-b"), c = detail::key_of("esc-c");
+  const Key flying = detail::key_of("esc-flying");
   const auto ra = this->reserve(a), rb = this->reserve(b), rc = this->reserve(c);
   this->reserve(flying);
   ASSERT_EQ(this->store().escalate(b, rb.fence, "reason b"), CommitStatus::committed);
@@ -627,15 +566,15 @@ TYPED_TEST(StoreConformance, EscalatedListsOldestFirst) {
   EXPECT_EQ(two[1].key, a);
 }
 
-TYPED_TEST(StoreConformance, ResolveCommitsAnEscalatedRowWithItsBusinessWriteOnly) {
-  const Key parked = key_of("resolve-parked"), flying = key_of("resolve-flying");
+TYPED_TEST_P(StoreConformance, ResolveCommitsAnEscalatedRowWithItsBusinessWriteOnly) {
+  const Key parked = detail::key_of("resolve-parked"), flying = detail::key_of("resolve-flying");
   const Reservation r = this->reserve(parked);
   const Reservation f = this->reserve(flying);
   ASSERT_EQ(this->store().escalate(parked, r.fence, "no key support"), CommitStatus::committed);
 
   EXPECT_FALSE(this->store().resolve(flying, "slot", this->writer(flying)))
       << "an in-flight row is not resolved";
-  EXPECT_FALSE(this->store().resolve(key_of("unknown"), "slot", this->writer(flying)));
+  EXPECT_FALSE(this->store().resolve(detail::key_of("unknown"), "slot", this->writer(flying)));
   EXPECT_EQ(this->status_of(flying), RecordStatus::in_flight);
   EXPECT_EQ(this->traits_.business_rows(), 0);
 
@@ -662,9 +601,9 @@ TYPED_TEST(StoreConformance, ResolveCommitsAnEscalatedRowWithItsBusinessWriteOnl
   EXPECT_EQ(f.fence, this->store().find(flying)->fence);
 }
 
-TYPED_TEST(StoreConformance, EightThreadsReservingOneKeyHaveExactlyOneWinner) {
+TYPED_TEST_P(StoreConformance, EightThreadsReservingOneKeyHaveExactlyOneWinner) {
   for (int round = 0; round < 10; ++round) {
-    const Key key = key_of("race-" + std::to_string(round));
+    const Key key = detail::key_of("race-" + std::to_string(round));
     std::barrier start(8);
     std::atomic<int> acquired{0}, existing{0}, errors{0};
     std::vector<std::thread> threads;
@@ -691,7 +630,7 @@ TYPED_TEST(StoreConformance, EightThreadsReservingOneKeyHaveExactlyOneWinner) {
 
 // --- signals ---------------------------------------------------------------------------------
 
-TYPED_TEST(StoreConformance, SignalsOfAnEmptyStoreAreZeroAndHealthy) {
+TYPED_TEST_P(StoreConformance, SignalsOfAnEmptyStoreAreZeroAndHealthy) {
   const StoreSignals s = this->store().signals(1h);
   EXPECT_EQ(s.window, 1h);
   EXPECT_EQ(s.events, 0);
@@ -705,8 +644,8 @@ TYPED_TEST(StoreConformance, SignalsOfAnEmptyStoreAreZeroAndHealthy) {
   EXPECT_TRUE(this->store().mismatches(10).empty());
 }
 
-TYPED_TEST(StoreConformance, EveryReservationThatMeetsAnExistingKeyIsCountedOnItsRow) {
-  const Key key = key_of("counted");
+TYPED_TEST_P(StoreConformance, EveryReservationThatMeetsAnExistingKeyIsCountedOnItsRow) {
+  const Key key = detail::key_of("counted");
   ASSERT_EQ(this->reserve(key, "request", 10s).kind, Reservation::Kind::acquired);
   EXPECT_EQ(this->store().find(key)->duplicates, 0);
   EXPECT_EQ(this->reserve(key, "request", 10s).kind, Reservation::Kind::existing);
@@ -727,7 +666,7 @@ TYPED_TEST(StoreConformance, EveryReservationThatMeetsAnExistingKeyIsCountedOnIt
   EXPECT_EQ(s.duplicates, 4);
 }
 
-TYPED_TEST(StoreConformance, SignalsWithoutOneDuplicateInAHundredEventsSuspectTheKeyDerivation) {
+TYPED_TEST_P(StoreConformance, SignalsWithoutOneDuplicateInAHundredEventsSuspectTheKeyDerivation) {
   ASSERT_NO_FATAL_FAILURE(this->traffic("zero", 100, 0));
   const StoreSignals s = this->store().signals(1h);
   EXPECT_EQ(s.events, 100);
@@ -740,7 +679,7 @@ TYPED_TEST(StoreConformance, SignalsWithoutOneDuplicateInAHundredEventsSuspectTh
   EXPECT_FALSE(h.stranded_work);
 }
 
-TYPED_TEST(StoreConformance, SignalsWithTwoPercentDuplicatesAreHealthy) {
+TYPED_TEST_P(StoreConformance, SignalsWithTwoPercentDuplicatesAreHealthy) {
   ASSERT_NO_FATAL_FAILURE(this->traffic("normal", 98, 2));
   const StoreSignals s = this->store().signals(1h);
   EXPECT_EQ(s.events, 100);
@@ -750,7 +689,7 @@ TYPED_TEST(StoreConformance, SignalsWithTwoPercentDuplicatesAreHealthy) {
   EXPECT_TRUE(idemgate::evaluate(s).healthy());
 }
 
-TYPED_TEST(StoreConformance, SignalsWithAQuarterDuplicatesSayTheUpstreamMisbehaves) {
+TYPED_TEST_P(StoreConformance, SignalsWithAQuarterDuplicatesSayTheUpstreamMisbehaves) {
   ASSERT_NO_FATAL_FAILURE(this->traffic("storm", 75, 25));
   const StoreSignals s = this->store().signals(1h);
   EXPECT_EQ(s.events, 100);
@@ -761,8 +700,8 @@ TYPED_TEST(StoreConformance, SignalsWithAQuarterDuplicatesSayTheUpstreamMisbehav
   EXPECT_FALSE(h.key_derivation_suspect);
 }
 
-TYPED_TEST(StoreConformance, SignalsShowARowInFlightForElevenMinutesAsStranded) {
-  const Key old = key_of("stranded-old"), young = key_of("stranded-young");
+TYPED_TEST_P(StoreConformance, SignalsShowARowInFlightForElevenMinutesAsStranded) {
+  const Key old = detail::key_of("stranded-old"), young = detail::key_of("stranded-young");
   ASSERT_EQ(this->reserve(old, "request", 1min).kind, Reservation::Kind::acquired);
   this->traits_.advance(11min);
   ASSERT_EQ(this->reserve(young, "request", 1min).kind, Reservation::Kind::acquired);
@@ -795,8 +734,8 @@ TYPED_TEST(StoreConformance, SignalsShowARowInFlightForElevenMinutesAsStranded) 
   EXPECT_EQ(s.escalated, 1);
 }
 
-TYPED_TEST(StoreConformance, SignalsCountAKeyWithTwoResultsAndMismatchesKeepBoth) {
-  const Key key = key_of("two results"), other = key_of("another two results");
+TYPED_TEST_P(StoreConformance, SignalsCountAKeyWithTwoResultsAndMismatchesKeepBoth) {
+  const Key key = detail::key_of("two results"), other = detail::key_of("another two results");
   const std::string stored("slot\0-1", 7), observed("slot\0-2", 7);
   this->store().record_mismatch(key, stored, observed, "lost_lease");
   StoreSignals s = this->store().signals(1h);
@@ -834,9 +773,9 @@ TYPED_TEST(StoreConformance, SignalsCountAKeyWithTwoResultsAndMismatchesKeepBoth
   EXPECT_TRUE(this->store().mismatches(0).empty());
 }
 
-TYPED_TEST(StoreConformance, GateRecordsAMismatchWhenALateWorkerHoldsAnotherResult) {
-  using idemgate::test::SlotRequest;
-  idemgate::test::FakeTerminal<> terminal;
+TYPED_TEST_P(StoreConformance, GateRecordsAMismatchWhenALateWorkerHoldsAnotherResult) {
+  using detail::SlotRequest;
+  detail::SlotTerminal terminal;
   idemgate::Gate gate{this->store(),
                       terminal,
                       [this](auto& tx, const Key& key, const SlotRequest&, const std::string&) {
@@ -844,7 +783,7 @@ TYPED_TEST(StoreConformance, GateRecordsAMismatchWhenALateWorkerHoldsAnotherResu
                       },
                       {.lease = 10s}};
   const SlotRequest request{"MSKU1", "07:00"};
-  const Key key = key_of("late worker");
+  const Key key = detail::key_of("late worker");
   const std::string bytes = gate.encode_request(request);
   // A worker reserves and stalls past its lease; a redelivery takes the event over and commits.
   const Reservation stalled =
@@ -870,13 +809,13 @@ TYPED_TEST(StoreConformance, GateRecordsAMismatchWhenALateWorkerHoldsAnotherResu
   EXPECT_EQ(this->traits_.business_rows(), 1);
 }
 
-TYPED_TEST(StoreConformance, SignalsCountOnlyEventsAndMismatchesInsideTheWindow) {
+TYPED_TEST_P(StoreConformance, SignalsCountOnlyEventsAndMismatchesInsideTheWindow) {
   ASSERT_NO_FATAL_FAILURE(this->traffic("last week", 10, 2));
-  this->store().record_mismatch(key_of("last week", 0), "a", "b", "lost_lease");
+  this->store().record_mismatch(detail::key_of("last week", 0), "a", "b", "lost_lease");
   this->traits_.advance(2h);
   ASSERT_NO_FATAL_FAILURE(this->traffic("today", 5, 1));
   // A late redelivery counts toward its event's reservation time, outside the window.
-  EXPECT_NE(this->reserve(key_of("last week", 9)).kind, Reservation::Kind::acquired);
+  EXPECT_NE(this->reserve(detail::key_of("last week", 9)).kind, Reservation::Kind::acquired);
 
   const StoreSignals recent = this->store().signals(1h);
   EXPECT_EQ(recent.window, 1h);
@@ -896,10 +835,10 @@ TYPED_TEST(StoreConformance, SignalsCountOnlyEventsAndMismatchesInsideTheWindow)
 
 // --- purge -----------------------------------------------------------------------------------
 
-TYPED_TEST(StoreConformance, PurgeRemovesFinishedRowsPastTheWindowAndKeepsTheRest) {
-  const Key c1 = key_of("old committed 1"), c2 = key_of("old committed 2");
-  const Key f1 = key_of("old failed"), i1 = key_of("old in flight");
-  const Key e1 = key_of("old escalated"), r1 = key_of("old released");
+TYPED_TEST_P(StoreConformance, PurgeRemovesFinishedRowsPastTheWindowAndKeepsTheRest) {
+  const Key c1 = detail::key_of("old committed 1"), c2 = detail::key_of("old committed 2");
+  const Key f1 = detail::key_of("old failed"), i1 = detail::key_of("old in flight");
+  const Key e1 = detail::key_of("old escalated"), r1 = detail::key_of("old released");
   ASSERT_NO_FATAL_FAILURE(this->settled(c1, RecordStatus::committed));
   ASSERT_NO_FATAL_FAILURE(this->settled(c2, RecordStatus::committed));
   ASSERT_NO_FATAL_FAILURE(this->settled(f1, RecordStatus::failed));
@@ -908,7 +847,7 @@ TYPED_TEST(StoreConformance, PurgeRemovesFinishedRowsPastTheWindowAndKeepsTheRes
   ASSERT_NO_FATAL_FAILURE(this->settled(r1, RecordStatus::in_flight));
   ASSERT_TRUE(this->store().release(r1, 1));
   this->traits_.advance(2h);
-  const Key c3 = key_of("new committed"), f2 = key_of("new failed");
+  const Key c3 = detail::key_of("new committed"), f2 = detail::key_of("new failed");
   ASSERT_NO_FATAL_FAILURE(this->settled(c3, RecordStatus::committed));
   ASSERT_NO_FATAL_FAILURE(this->settled(f2, RecordStatus::failed));
 
@@ -926,23 +865,24 @@ TYPED_TEST(StoreConformance, PurgeRemovesFinishedRowsPastTheWindowAndKeepsTheRes
   EXPECT_EQ(this->reserve(c1).kind, Reservation::Kind::acquired);
 }
 
-TYPED_TEST(StoreConformance, PurgeDeletesInBatchesAndReturnsTheTotal) {
+TYPED_TEST_P(StoreConformance, PurgeDeletesInBatchesAndReturnsTheTotal) {
   for (int i = 0; i < 23; ++i)
     ASSERT_NO_FATAL_FAILURE(this->settled(
-        key_of("batch", i), i % 5 == 0 ? RecordStatus::failed : RecordStatus::committed));
+        detail::key_of("batch", i), i % 5 == 0 ? RecordStatus::failed : RecordStatus::committed));
   this->traits_.advance(2h);
   EXPECT_EQ(this->store().purge(1h, 0), 0u) << "a batch of 0 deletes nothing";
-  EXPECT_TRUE(this->store().find(key_of("batch", 0)).has_value());
+  EXPECT_TRUE(this->store().find(detail::key_of("batch", 0)).has_value());
   EXPECT_EQ(this->store().purge(1h, 10), 23u) << "10 + 10 + 3";
   for (int i = 0; i < 23; ++i)
-    EXPECT_FALSE(this->store().find(key_of("batch", i)).has_value()) << i;
+    EXPECT_FALSE(this->store().find(detail::key_of("batch", i)).has_value()) << i;
   for (int i = 0; i < 4; ++i)
-    ASSERT_NO_FATAL_FAILURE(this->settled(key_of("one by one", i), RecordStatus::committed));
+    ASSERT_NO_FATAL_FAILURE(
+        this->settled(detail::key_of("one by one", i), RecordStatus::committed));
   EXPECT_EQ(this->store().purge(0s, 1), 4u);
   EXPECT_EQ(this->store().purge(0s, 2), 0u);
 }
 
-TYPED_TEST(StoreConformance, PurgeNeverRemovesAnInFlightRowUnderConcurrentTraffic) {
+TYPED_TEST_P(StoreConformance, PurgeNeverRemovesAnInFlightRowUnderConcurrentTraffic) {
   constexpr int workers = 4, per_worker = 40;
   std::vector<std::vector<Key>> flying(workers), finished(workers);
   std::atomic<bool> traffic_done{false};
@@ -953,7 +893,7 @@ TYPED_TEST(StoreConformance, PurgeNeverRemovesAnInFlightRowUnderConcurrentTraffi
     threads.emplace_back([&, w] {
       try {
         for (int i = 0; i < per_worker; ++i) {
-          const Key key = key_of("traffic-" + std::to_string(w), i);
+          const Key key = detail::key_of("traffic-" + std::to_string(w), i);
           const Reservation r = this->reserve(key);
           if (r.kind != Reservation::Kind::acquired) ++errors;
           switch (i % 4) {
@@ -1011,14 +951,14 @@ TYPED_TEST(StoreConformance, PurgeNeverRemovesAnInFlightRowUnderConcurrentTraffi
 
 // --- the gate over the store ----------------------------------------------------------------
 
-TYPED_TEST(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerContainer) {
-  using idemgate::test::SlotRequest;
-  idemgate::test::FakeTerminal<> terminal;
+TYPED_TEST_P(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerContainer) {
+  using detail::SlotRequest;
+  detail::SlotTerminal terminal;
   idemgate::Gate gate{this->store(), terminal,
                       [this](auto& tx, const Key& key, const SlotRequest&, const std::string&) {
                         this->traits_.write_business(tx, key);
                       }};
-  const auto deliveries = idemgate::test::monday_deliveries();
+  const auto deliveries = detail::monday_deliveries();
   ASSERT_EQ(deliveries.size(), 87u);
   std::atomic<std::size_t> next{0};
   std::atomic<int> not_acked{0}, errors{0};
@@ -1044,7 +984,7 @@ TYPED_TEST(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerC
   EXPECT_EQ(terminal.slots_issued(), 39);
   EXPECT_EQ(this->traits_.business_rows(), 39);
   EXPECT_EQ(this->traits_.distinct_business_events(), 39);
-  for (const auto& n : idemgate::test::monday_notifications()) {
+  for (const auto& n : detail::monday_notifications()) {
     const Key key = idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
     const auto row = this->store().find(key);
     ASSERT_TRUE(row.has_value()) << n.notification_id;
@@ -1058,19 +998,8 @@ TYPED_TEST(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerC
 // A store without `redrive_failed` yet fails the re-drive cases (instead of not compiling).
 // =============================================================================================
 
-namespace {
-
-template <class Store>
-constexpr bool can_redrive = requires(Store& s, const Key& key,
-                                      std::chrono::system_clock::time_point at, std::size_t n) {
-  { s.redrive_failed(key) } -> std::same_as<std::size_t>;
-  { s.redrive_failed(at, at, n) } -> std::same_as<std::size_t>;
-};
-
-}  // namespace
-
-TYPED_TEST(StoreConformance, AttemptsStartAtOneAndGrowWithEveryTakeover) {
-  const Key key = key_of("attempts");
+TYPED_TEST_P(StoreConformance, AttemptsStartAtOneAndGrowWithEveryTakeover) {
+  const Key key = detail::key_of("attempts");
   const Reservation r = this->reserve(key);
   ASSERT_EQ(r.kind, Reservation::Kind::acquired);
   EXPECT_EQ(this->store().find(key)->attempts, 1);
@@ -1087,9 +1016,9 @@ TYPED_TEST(StoreConformance, AttemptsStartAtOneAndGrowWithEveryTakeover) {
   EXPECT_EQ(this->store().find(key)->attempts, 3);
 }
 
-TYPED_TEST(StoreConformance, RetryingCountsInFlightRowsHeldMoreThanOnce) {
-  const Key fresh = key_of("retrying", 0), retried = key_of("retrying", 1),
-            finished = key_of("retrying", 2);
+TYPED_TEST_P(StoreConformance, RetryingCountsInFlightRowsHeldMoreThanOnce) {
+  const Key fresh = detail::key_of("retrying", 0), retried = detail::key_of("retrying", 1),
+            finished = detail::key_of("retrying", 2);
   ASSERT_EQ(this->reserve(fresh).kind, Reservation::Kind::acquired);
   for (const Key& key : {retried, finished}) {
     const Reservation r = this->reserve(key);
@@ -1103,14 +1032,14 @@ TYPED_TEST(StoreConformance, RetryingCountsInFlightRowsHeldMoreThanOnce) {
   EXPECT_EQ(s.retrying, 1) << "in flight and held more than once: only the retried row";
 }
 
-TYPED_TEST(StoreConformance, ARedrivenFailedRowIsTakenOverByTheNextReservation) {
-  if constexpr (!can_redrive<typename TypeParam::Store>) {
+TYPED_TEST_P(StoreConformance, ARedrivenFailedRowIsTakenOverByTheNextReservation) {
+  if constexpr (!idemgate::redrivable_store<typename TypeParam::Store>) {
     FAIL() << "this store has no redrive_failed(key) and redrive_failed(from, to, limit) yet";
   } else {
-    const Key key = key_of("redrive-next");
+    const Key key = detail::key_of("redrive-next");
     const Reservation r = this->reserve(key);
     ASSERT_EQ(this->store().fail(key, r.fence, "422 unknown container"), CommitStatus::committed);
-    EXPECT_EQ(this->store().redrive_failed(key_of("redrive-unknown")), 0u);
+    EXPECT_EQ(this->store().redrive_failed(detail::key_of("redrive-unknown")), 0u);
     EXPECT_EQ(this->store().redrive_failed(key), 1u);
     EXPECT_EQ(this->store().redrive_failed(key), 0u) << "only failed rows are re-driven";
     const auto row = this->store().find(key);
@@ -1131,11 +1060,11 @@ TYPED_TEST(StoreConformance, ARedrivenFailedRowIsTakenOverByTheNextReservation) 
   }
 }
 
-TYPED_TEST(StoreConformance, ARedrivenFailedRowIsTakenByTheReconciler) {
-  if constexpr (!can_redrive<typename TypeParam::Store>) {
+TYPED_TEST_P(StoreConformance, ARedrivenFailedRowIsTakenByTheReconciler) {
+  if constexpr (!idemgate::redrivable_store<typename TypeParam::Store>) {
     FAIL() << "this store has no redrive_failed(key) and redrive_failed(from, to, limit) yet";
   } else {
-    const Key key = key_of("redrive-reconciler");
+    const Key key = detail::key_of("redrive-reconciler");
     const Reservation r = this->reserve(key);
     ASSERT_EQ(this->store().fail(key, r.fence, "422"), CommitStatus::committed);
     EXPECT_TRUE(this->store().take_stale(10, 0s, 1min).empty()) << "a failed row is not stale";
@@ -1149,75 +1078,58 @@ TYPED_TEST(StoreConformance, ARedrivenFailedRowIsTakenByTheReconciler) {
   }
 }
 
-TYPED_TEST(StoreConformance, RedrivingByTimeTakesFailedRowsInTheRangeUpToTheLimit) {
-  if constexpr (!can_redrive<typename TypeParam::Store>) {
+TYPED_TEST_P(StoreConformance, RedrivingByTimeTakesFailedRowsInTheRangeUpToTheLimit) {
+  if constexpr (!idemgate::redrivable_store<typename TypeParam::Store>) {
     FAIL() << "this store has no redrive_failed(key) and redrive_failed(from, to, limit) yet";
   } else {
-    for (int i = 0; i < 3; ++i) this->settled(key_of("redrive-range", i), RecordStatus::failed);
-    this->settled(key_of("redrive-range", 3), RecordStatus::committed);
-    this->settled(key_of("redrive-range", 4), RecordStatus::escalated);
+    for (int i = 0; i < 3; ++i)
+      this->settled(detail::key_of("redrive-range", i), RecordStatus::failed);
+    this->settled(detail::key_of("redrive-range", 3), RecordStatus::committed);
+    this->settled(detail::key_of("redrive-range", 4), RecordStatus::escalated);
     const auto now = std::chrono::system_clock::now();
     EXPECT_EQ(this->store().redrive_failed(now + 1h, now + 2h, 10), 0u) << "[from, to) excludes";
     EXPECT_EQ(this->store().redrive_failed(now - 1h, now + 1h, 2), 2u) << "at most limit rows";
     EXPECT_EQ(this->store().redrive_failed(now - 1h, now + 1h, 10), 1u);
     EXPECT_EQ(this->store().redrive_failed(now - 1h, now + 1h, 10), 0u);
     for (int i = 0; i < 3; ++i)
-      EXPECT_EQ(this->status_of(key_of("redrive-range", i)), RecordStatus::in_flight) << i;
-    EXPECT_EQ(this->status_of(key_of("redrive-range", 3)), RecordStatus::committed);
-    EXPECT_EQ(this->status_of(key_of("redrive-range", 4)), RecordStatus::escalated);
+      EXPECT_EQ(this->status_of(detail::key_of("redrive-range", i)), RecordStatus::in_flight) << i;
+    EXPECT_EQ(this->status_of(detail::key_of("redrive-range", 3)), RecordStatus::committed);
+    EXPECT_EQ(this->status_of(detail::key_of("redrive-range", 4)), RecordStatus::escalated);
     EXPECT_EQ(this->store().signals(1h).retrying, 3);
   }
 }
 
-// --- Stores with an SQL transaction: a business write that breaks it
-// ------------------------------
+REGISTER_TYPED_TEST_SUITE_P(
+    StoreConformance, FirstReservationAcquiresWithFenceOne,
+    SecondReservationFindsTheKeyInFlightAsTheSameRequest,
+    ReservationWithADifferentRequestIsNotTheSameRequest,
+    CommitWritesStatusResultAndBusinessRowTogether,
+    CommitUnderAStaleFenceLosesTheLeaseAndWritesNothing,
+    BusinessWriteThatThrowsCommitsNothingAndLeavesTheRowInFlight,
+    RepeatedCommitUnderTheSameFenceIsCommittedWithoutRepeatingTheWrite,
+    FailIsFencedAndTheNextReservationSeesTheReason,
+    EscalateIsFencedAndTheNextReservationSeesTheReason,
+    ReleaseNeedsTheCurrentFenceAndKeepsTheRowInFlight, ReleasedKeyIsTakenOverAtOnceWithTheNextFence,
+    ReleasedRowThatNoDeliveryReclaimsIsLeftToTheReconciler,
+    RepeatedFailOrEscalateUnderTheSameFenceIsCommitted,
+    ExpiredLeaseIsTakenOverWithTheNextFenceLiveLeaseIsNot,
+    TakeStaleRespectsLeaseStalenessAndLimitAndBumpsFences, EscalatedListsOldestFirst,
+    ResolveCommitsAnEscalatedRowWithItsBusinessWriteOnly,
+    EightThreadsReservingOneKeyHaveExactlyOneWinner, SignalsOfAnEmptyStoreAreZeroAndHealthy,
+    EveryReservationThatMeetsAnExistingKeyIsCountedOnItsRow,
+    SignalsWithoutOneDuplicateInAHundredEventsSuspectTheKeyDerivation,
+    SignalsWithTwoPercentDuplicatesAreHealthy,
+    SignalsWithAQuarterDuplicatesSayTheUpstreamMisbehaves,
+    SignalsShowARowInFlightForElevenMinutesAsStranded,
+    SignalsCountAKeyWithTwoResultsAndMismatchesKeepBoth,
+    GateRecordsAMismatchWhenALateWorkerHoldsAnotherResult,
+    SignalsCountOnlyEventsAndMismatchesInsideTheWindow,
+    PurgeRemovesFinishedRowsPastTheWindowAndKeepsTheRest, PurgeDeletesInBatchesAndReturnsTheTotal,
+    PurgeNeverRemovesAnInFlightRowUnderConcurrentTraffic,
+    GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerContainer,
+    AttemptsStartAtOneAndGrowWithEveryTakeover, RetryingCountsInFlightRowsHeldMoreThanOnce,
+    ARedrivenFailedRowIsTakenOverByTheNextReservation, ARedrivenFailedRowIsTakenByTheReconciler,
+    RedrivingByTimeTakesFailedRowsInTheRangeUpToTheLimit);
 
-/// The stores whose business write runs SQL in the store's transaction (the memory store's
-/// transaction only stages effects; nothing can end it early).
-template <class Traits>
-class SqlStoreConformance : public StoreConformance<Traits> {
- protected:
-  /// Books, breaks the transaction (first, in the middle or last) and books again.
-  auto breaking_writer(const Key& key, int where) {
-    return [this, key, where](auto& tx) {
-      if (where == 0) this->traits_.break_transaction(tx);
-      this->traits_.write_business(tx, key);
-      if (where == 1) this->traits_.break_transaction(tx);
-      this->traits_.write_business(tx, key);
-      if (where == 2) this->traits_.break_transaction(tx);
-    };
-  }
-};
-
-using SqlStores = ::testing::Types<SqliteTraits, PostgresTraits>;
-TYPED_TEST_SUITE(SqlStoreConformance, SqlStores);
-
-TYPED_TEST(SqlStoreConformance, ABusinessWriteThatBreaksTheTransactionNeverCommitsTheLog) {
-  for (int where = 0; where < 3; ++where) {
-    const Key key = key_of("broken", where);
-    const Reservation r = this->reserve(key);
-    EXPECT_THROW(
-        (void)this->store().commit(key, r.fence, "slot", this->breaking_writer(key, where)),
-        idemgate::BusinessWriteError)
-        << "where " << where;
-    EXPECT_EQ(this->status_of(key), RecordStatus::in_flight) << "where " << where;
-    // The log is never committed without the whole business write: nothing of it here, or (with
-    // libpqxx, whose failed statement ended the transaction) only statements that ran outside
-    // it after the error — never the log row.
-    EXPECT_FALSE(this->store().find(key)->result.has_value()) << "where " << where;
-    EXPECT_EQ(this->store().commit(key, r.fence, "slot", this->writer(key)),
-              CommitStatus::committed)
-        << "a business write that keeps to its transaction commits under the same fence";
-  }
-}
-
-TYPED_TEST(SqlStoreConformance, AResolveWhoseBusinessWriteBreaksTheTransactionStaysEscalated) {
-  const Key key = key_of("broken-resolve");
-  const Reservation r = this->reserve(key);
-  ASSERT_EQ(this->store().escalate(key, r.fence, "by hand"), CommitStatus::committed);
-  EXPECT_THROW((void)this->store().resolve(key, "slot", this->breaking_writer(key, 1)),
-               idemgate::BusinessWriteError);
-  EXPECT_EQ(this->status_of(key), RecordStatus::escalated);
-  EXPECT_TRUE(this->store().resolve(key, "slot", this->writer(key)));
-  EXPECT_EQ(this->status_of(key), RecordStatus::committed);
-}
+/// @endcond
+}  // namespace idemgate::testing
