@@ -1,5 +1,16 @@
 # Installs idemgate into a scratch prefix, then configures, builds and runs a consumer project
-# that finds it with find_package(idemgate CONFIG).
+# that finds it with find_package(idemgate CONFIG), and runs the installed store conformance
+# suite over the consumer's own store.
+
+# docs/stores.md shows the consumer's conformance file as it is (checked first: it is quick).
+file(READ ${SOURCE_DIR}/docs/stores.md docs)
+file(READ ${SOURCE_DIR}/tests/package/tally_store_conformance.cpp example)
+string(FIND "${docs}" "```cpp\n${example}```" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "docs/stores.md does not show tests/package/tally_store_conformance.cpp "
+    "verbatim in a ```cpp block: make them the same")
+endif()
+
 file(REMOVE_RECURSE ${WORK_DIR})
 set(build ${WORK_DIR}/idemgate-build)
 set(prefix ${WORK_DIR}/prefix)
@@ -24,4 +35,22 @@ if(EXISTS ${consumer}/consumer_postgres)
 else()
   message(FATAL_ERROR "the installed idemgate::postgres target was not found by the consumer")
 endif()
+
+# The installed conformance suite over the consumer's own store: every test passes.
+execute_process(COMMAND ${consumer}/tally_store_conformance
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\\[  PASSED  \\] ([0-9]+) tests")
+  message(FATAL_ERROR "the conformance suite failed over the consumer's store:\n${out}\n${err}")
+endif()
+message(STATUS "conformance suite over the consumer's TallyStore: ${CMAKE_MATCH_1} tests passed")
+
+# A store that ignores the fence on release fails it, and the run says which behaviour broke.
+execute_process(COMMAND ${consumer}/forgetful_store_conformance
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT out MATCHES
+    "FAILED  \\] ForgetfulStore/StoreConformance/0.ReleaseNeedsTheCurrentFenceAndKeepsTheRowInFlight")
+  message(FATAL_ERROR "the conformance suite did not fail a store that ignores fences "
+    "(exit ${rc}):\n${out}\n${err}")
+endif()
+
 message(STATUS "consumer built and ran against ${prefix}")
