@@ -1,6 +1,7 @@
 // Round trips counted at the server, batches, relaxed reservations and the duplicate cache.
 
 #include "support/fake_terminal.hpp"
+#include "support/pg_bookings.hpp"
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
 
@@ -87,24 +88,17 @@ void reset_statement_counts() {
   idemgate::test::pg_exec("SELECT pg_stat_statements_reset()");
 }
 
-auto booking(const std::string& table) {
-  return [table](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
-    pq::exec_params(tx, "INSERT INTO " + table + " VALUES ($1::bytea, $2, $3)",
-                    pq::bytea_param(key.view()), r.container, slot);
-  };
-}
-
 }  // namespace
 
 TEST(RoundTrips, FirstDeliveryAddsTwoStatementsToTheBusinessWriteAndADuplicateCostsOne) {
   ASSERT_FALSE(idemgate::test::pg_uri().empty());
   OwnDatabase db;
   db.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
-  db.exec("CREATE TABLE bookings (source_event bytea, container text, slot text)");
+  db.exec(idemgate::test::bookings_ddl("bookings"));
   PostgresStore store(db.uri());
   store.migrate();
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, booking("bookings")};
+  Gate gate{store, terminal, idemgate::test::PgBookingWriter{"bookings"}};
   ASSERT_EQ(gate.process(idemgate::derive_key("rt", "warm-up"), {"C0", "w"}).status(),
             Status::processed);  // statements are prepared on first use
 
@@ -113,7 +107,8 @@ TEST(RoundTrips, FirstDeliveryAddsTwoStatementsToTheBusinessWriteAndADuplicateCo
     auto lease = store.connection();
     reset_statement_counts();
     pqxx::work tx(lease.connection());
-    booking("bookings")(tx, idemgate::derive_key("rt", "bare"), {"C1", "w"}, "slot-x");
+    idemgate::test::PgBookingWriter{"bookings"}(tx, idemgate::derive_key("rt", "bare"), {"C1", "w"},
+                                                "slot-x");
     tx.commit();
   }
   const auto bare = statements_in(db);
@@ -141,11 +136,11 @@ TEST(RoundTrips, BatchOfTenReservesInOneStatementAndCommitsInOneTransaction) {
   ASSERT_FALSE(idemgate::test::pg_uri().empty());
   OwnDatabase db;
   db.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
-  db.exec("CREATE TABLE bookings (source_event bytea, container text, slot text)");
+  db.exec(idemgate::test::bookings_ddl("bookings"));
   PostgresStore store(db.uri());
   store.migrate();
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, booking("bookings")};
+  Gate gate{store, terminal, idemgate::test::PgBookingWriter{"bookings"}};
   std::vector<BatchMessage<SlotRequest>> warm{{"m", idemgate::derive_key("b", "warm"), {"C", "w"}}};
   (void)gate.process_batch(warm);
 
@@ -167,13 +162,13 @@ TEST(RoundTrips, BatchOfTenReservesInOneStatementAndCommitsInOneTransaction) {
 TEST(Batch, ABatchLongerThanItsLeaseKeepsItsLeasesOnPostgres) {
   ASSERT_FALSE(idemgate::test::pg_uri().empty());
   OwnDatabase db;
-  db.exec("CREATE TABLE bookings (source_event bytea, container text, slot text)");
+  db.exec(idemgate::test::bookings_ddl("bookings"));
   PostgresStore store(db.uri());
   store.migrate();
   PostgresStore other(db.uri());  // a second consumer, where the redelivery lands
   FakeTerminal<> terminal;
   terminal.set_delay(80ms);  // 10 claims: 800 ms against a lease of 300 ms
-  Gate gate{store, terminal, booking("bookings"), {.lease = 300ms}};
+  Gate gate{store, terminal, idemgate::test::PgBookingWriter{"bookings"}, {.lease = 300ms}};
   std::vector<BatchMessage<SlotRequest>> batch;
   for (int i = 0; i < 10; ++i)
     batch.push_back({"msg-" + std::to_string(i),
@@ -233,25 +228,7 @@ TEST(Batch, ResultsPerMessageWithDuplicatesInsideTheBatchAndRetryIds) {
   EXPECT_EQ(terminal.slots_issued(), 2);
 }
 
-class PostgresBatch : public ::testing::Test {
- protected:
-  void SetUp() override {
-    uri = idemgate::test::pg_uri();
-    ASSERT_FALSE(uri.empty());
-    log = idemgate::test::unique_table("blog");
-    bookings = idemgate::test::unique_table("bbook");
-    idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " +
-                            bookings);
-    idemgate::test::pg_exec("CREATE TABLE " + bookings +
-                            " (source_event bytea, container text, slot text)");
-  }
-  void TearDown() override {
-    if (!uri.empty())
-      idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " +
-                              bookings);
-  }
-  std::string uri, log, bookings;
-};
+class PostgresBatch : public idemgate::test::PgBookingsTest {};
 
 TEST(Batch, SameKeyWithDifferentRequestsInOneBatchIsAConflict) {
   MemoryStore store;
@@ -285,7 +262,7 @@ TEST_F(PostgresBatch, BatchesFromFourThreadsWithOverlappingKeysClaimEachEventOnc
   PostgresStore store(uri, {.table = log, .pool_size = 4});
   store.migrate();
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, booking(bookings)};
+  Gate gate{store, terminal, booking_writer()};
   std::vector<std::thread> workers;
   for (int w = 0; w < 4; ++w)
     workers.emplace_back([&, w] {
@@ -303,7 +280,7 @@ TEST_F(PostgresBatch, BatchesFromFourThreadsWithOverlappingKeysClaimEachEventOnc
     });
   for (auto& t : workers) t.join();
   EXPECT_EQ(terminal.slots_issued(), 60);
-  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 60);
+  EXPECT_EQ(booking_count(), 60);
   EXPECT_EQ(idemgate::test::pg_count("SELECT count(DISTINCT source_event) FROM " + bookings), 60);
 }
 
@@ -314,7 +291,7 @@ TEST_F(PostgresBatch, OneRefusedBusinessWriteDoesNotTakeTheOthersDown) {
   Gate gate{store, terminal,
             [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
               if (r.container == "REFUSED") throw std::runtime_error("TMS refused");
-              booking(bookings)(tx, key, r, slot);
+              booking_writer()(tx, key, r, slot);
             }};
   std::vector<BatchMessage<SlotRequest>> batch;
   for (int i = 0; i < 5; ++i)
@@ -327,7 +304,7 @@ TEST_F(PostgresBatch, OneRefusedBusinessWriteDoesNotTakeTheOthersDown) {
               i == 2 ? Status::retry : Status::processed)
         << i;
   EXPECT_EQ(result.retry_ids(), std::vector<std::string>{"m2"});
-  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 4);
+  EXPECT_EQ(booking_count(), 4);
   EXPECT_EQ(store.find(idemgate::derive_key("refuse", "2"))->status, RecordStatus::in_flight);
 }
 
@@ -343,7 +320,7 @@ TEST_F(PostgresBatch, RelaxedReservationsKeepExclusionAndCommitsDurable) {
   }
   FakeTerminal<> terminal;
   terminal.set_delay(20ms);
-  Gate gate{store, terminal, booking(bookings)};
+  Gate gate{store, terminal, booking_writer()};
   std::vector<std::thread> racers;
   for (int t = 0; t < 8; ++t)
     racers.emplace_back([&] {
@@ -351,7 +328,7 @@ TEST_F(PostgresBatch, RelaxedReservationsKeepExclusionAndCommitsDurable) {
     });
   for (auto& t : racers) t.join();
   EXPECT_EQ(terminal.calls(), 1) << "exclusion is unchanged";
-  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 1);
+  EXPECT_EQ(booking_count(), 1);
 }
 
 TEST_F(PostgresBatch, RelaxedReservationLostInACrashIsNeverAcked) {
@@ -365,21 +342,21 @@ TEST_F(PostgresBatch, RelaxedReservationLostInACrashIsNeverAcked) {
                             "'::bytea");
     return std::nullopt;
   };
-  Gate gate{store, terminal, booking(bookings)};
+  Gate gate{store, terminal, booking_writer()};
   const Key key = idemgate::derive_key("relaxed", "lost");
   EXPECT_THROW((void)gate.process(key, {"C", "w"}), idemgate::StoreError)
       << "do not ack: nobody else holds this event";
   terminal.after = nullptr;
   EXPECT_EQ(gate.process(key, {"C", "w"}).status(), Status::processed) << "the redelivery";
   EXPECT_EQ(terminal.slots_issued(), 1) << "the downstream's key was the safety net";
-  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 1);
+  EXPECT_EQ(booking_count(), 1);
 }
 
 TEST_F(PostgresBatch, RelaxedReservationsAreRefusedWhenTheDownstreamIgnoresKeys) {
   PostgresStore store(uri, {.table = log, .relaxed_reservations = true});
   FakeTerminal<false> blind;
   auto make = [&] {
-    Gate gate{store, blind, booking(bookings)};
+    Gate gate{store, blind, booking_writer()};
     (void)gate;
   };
   EXPECT_THROW(make(), std::invalid_argument);

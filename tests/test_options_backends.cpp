@@ -12,6 +12,7 @@
 #include <idemgate/retention.hpp>
 
 #if IDEMGATE_TEST_OPTIONS_POSTGRES
+#include "support/pg_bookings.hpp"
 #include "support/postgres.hpp"
 
 #include <idemgate/store/postgres.hpp>
@@ -63,19 +64,8 @@ using idemgate::test::pg_exec;
 
 namespace {
 
-class PostgresOptionsTest : public ::testing::Test {
+class PostgresOptionsTest : public idemgate::test::PgBookingsTest {
  protected:
-  void SetUp() override {
-    uri = idemgate::test::pg_uri();
-    ASSERT_FALSE(uri.empty());
-    log = idemgate::test::unique_table("opt");
-    drop();
-  }
-  void TearDown() override {
-    if (!uri.empty()) drop();
-  }
-  void drop() { pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches"); }
-
   std::unique_ptr<PostgresStore> make_store() {
     auto store = std::make_unique<PostgresStore>(uri, PostgresOptions{.table = log});
     store->migrate();
@@ -91,9 +81,6 @@ class PostgresOptionsTest : public ::testing::Test {
   }
 
   std::int64_t rows() { return pg_count("SELECT count(*) FROM " + log); }
-
-  std::string uri;
-  std::string log;
 };
 
 // The options are checked before anything connects: an unreachable server still gets the

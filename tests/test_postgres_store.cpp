@@ -2,6 +2,7 @@
 
 #include "support/fake_terminal.hpp"
 #include "support/monday.hpp"
+#include "support/pg_bookings.hpp"
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
 
@@ -33,23 +34,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-class PostgresGate : public ::testing::Test {
+class PostgresGate : public idemgate::test::PgBookingsTest {
  protected:
-  void SetUp() override {
-    uri = idemgate::test::pg_uri();
-    ASSERT_FALSE(uri.empty());
-    log = idemgate::test::unique_table("log");
-    bookings = idemgate::test::unique_table("bookings");
-    pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
-    pg_exec("CREATE TABLE " + bookings +
-            " (id bigserial PRIMARY KEY, container text NOT NULL, slot_id text NOT NULL,"
-            " source_event bytea NOT NULL)");
-  }
-  void TearDown() override {
-    if (!uri.empty())
-      pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
-  }
-
   std::unique_ptr<PostgresStore> make_store(std::size_t pool = 1, int commit_attempts = 3) {
     auto store = std::make_unique<PostgresStore>(
         uri, idemgate::PostgresOptions{
@@ -57,36 +43,6 @@ class PostgresGate : public ::testing::Test {
     store->migrate();
     return store;
   }
-
-  /// The business write: one TMS booking per event.
-  auto booking_writer() {
-    return [table = bookings](pqxx::work& tx, const Key& key, const SlotRequest& r,
-                              const std::string& slot) {
-      pq::exec_params(
-          tx,
-          "INSERT INTO " + table + " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)",
-          r.container, slot, pq::bytea_param(key.view()));
-    };
-  }
-
-  std::int64_t booking_count() { return pg_count("SELECT count(*) FROM " + bookings); }
-
-  /// No committed status without its business row, no business row without its status.
-  void expect_no_half_state() {
-    EXPECT_EQ(pg_count("SELECT count(*) FROM " + log +
-                       " l WHERE status = 'committed' AND "
-                       "NOT EXISTS (SELECT 1 FROM " +
-                       bookings + " b WHERE b.source_event = l.key)"),
-              0);
-    EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings + " b WHERE NOT EXISTS (SELECT 1 FROM " +
-                       log + " l WHERE l.key = b.source_event AND l.status = 'committed')"),
-              0);
-    EXPECT_EQ(pg_count("SELECT count(*) FROM (SELECT source_event FROM " + bookings +
-                       " GROUP BY source_event HAVING count(*) > 1) d"),
-              0);
-  }
-
-  std::string uri, log, bookings;
 };
 
 const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};

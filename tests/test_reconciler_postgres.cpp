@@ -2,6 +2,7 @@
 
 #include "support/child_process.hpp"
 #include "support/fake_terminal.hpp"
+#include "support/pg_bookings.hpp"
 #include "support/pg_cluster.hpp"
 #include "support/pg_terminal.hpp"
 #include "support/postgres.hpp"
@@ -39,22 +40,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string bookings_ddl(const std::string& table) {
-  return "DROP TABLE IF EXISTS " + table + "; CREATE TABLE " + table +
-         " (id bigserial PRIMARY KEY, container text NOT NULL, slot_id text NOT NULL,"
-         " source_event bytea NOT NULL)";
-}
-
-auto booking_writer(std::string table) {
-  return [table = std::move(table)](pqxx::work& tx, const Key& key, const SlotRequest& r,
-                                    const std::string& slot) {
-    pq::exec_params(
-        tx,
-        "INSERT INTO " + table + " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)",
-        r.container, slot, pq::bytea_param(key.view()));
-  };
-}
-
 /// The invariants every scenario ends with.
 void expect_invariants(const std::string& uri, const std::string& log, const std::string& bookings,
                        std::int64_t events) {
@@ -62,12 +47,7 @@ void expect_invariants(const std::string& uri, const std::string& log, const std
   EXPECT_EQ(pg_count_on(uri, "SELECT count(DISTINCT source_event) FROM " + bookings), events);
   EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + log + " WHERE status = 'in_flight'"), 0)
       << "nothing left in flight after the final reconciler pass";
-  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + log +
-                                 " l WHERE status = 'committed' AND NOT "
-                                 "EXISTS (SELECT 1 FROM " +
-                                 bookings + " b WHERE b.source_event = l.key)"),
-            0)
-      << "no committed status without its business row";
+  idemgate::test::expect_no_half_state(uri, log, bookings);
   EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + bookings + " b JOIN " + log +
                                  " l ON l.key = b.source_event WHERE l.result <> "
                                  "convert_to(b.slot_id, 'UTF8')"),
@@ -75,23 +55,17 @@ void expect_invariants(const std::string& uri, const std::string& log, const std
       << "the booked slot is the stored outcome";
 }
 
-class PostgresFaults : public ::testing::Test {
+class PostgresFaults : public idemgate::test::PgBookingsTest {
  protected:
   void SetUp() override {
-    uri = idemgate::test::pg_uri();
-    ASSERT_FALSE(uri.empty());
-    log = idemgate::test::unique_table("log");
-    bookings = idemgate::test::unique_table("book");
+    PgBookingsTest::SetUp();
     terminal = idemgate::test::unique_table("term");
-    pg_exec("DROP TABLE IF EXISTS " + log);
-    pg_exec(bookings_ddl(bookings));
   }
   void TearDown() override {
-    if (!uri.empty())
-      pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings + ", " +
-              terminal + ", " + terminal + "_answers");
+    if (!uri.empty()) pg_exec("DROP TABLE IF EXISTS " + terminal + ", " + terminal + "_answers");
+    PgBookingsTest::TearDown();
   }
-  std::string uri, log, bookings, terminal;
+  std::string terminal;
 };
 
 }  // namespace
@@ -116,7 +90,7 @@ TEST_P(KilledConsumer, ReconcilerFinishesTheEventAfterSigkill) {
   EXPECT_EQ(claims_before, point == "before_claim" ? 0 : 1);
 
   idemgate::test::PgTerminal pg_terminal(uri, terminal);
-  Gate gate{store, pg_terminal, booking_writer(bookings), {.lease = 300ms}};
+  Gate gate{store, pg_terminal, booking_writer(), {.lease = 300ms}};
   Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 10}};
   // The killed backend may still hold its row lock for a moment; the reconciler skips locked
   // rows, so pass again until the row is free.
@@ -146,7 +120,7 @@ TEST_F(PostgresFaults, TwoReconcilersOverFiveHundredStaleRowsNeverDoubleWork) {
   seed.migrate();
   FakeTerminal<> fake;
   {
-    Gate gate{seed, fake, booking_writer(bookings), {.lease = 1ms}};
+    Gate gate{seed, fake, booking_writer(), {.lease = 1ms}};
     for (int i = 0; i < 500; ++i) {
       const SlotRequest r{"C" + std::to_string(i), "w"};
       const std::string bytes = gate.encode_request(r);
@@ -160,7 +134,7 @@ TEST_F(PostgresFaults, TwoReconcilersOverFiveHundredStaleRowsNeverDoubleWork) {
   for (int r = 0; r < 2; ++r)
     reconcilers.emplace_back([&] {
       PostgresStore store(uri, {.table = log});
-      Gate gate{store, fake, booking_writer(bookings), {.lease = 1min}};
+      Gate gate{store, fake, booking_writer(), {.lease = 1min}};
       Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 25}};
       for (;;) {
         const auto report = reconciler.run_once();
@@ -195,7 +169,7 @@ TEST_F(PostgresFaults, LostAcknowledgementAndServiceUnavailableBurstsNeverDouble
     if (n % 7 == 0) return idemgate::TransientFailure{"read timeout"};
     return std::nullopt;
   };
-  Gate gate{store, fake, booking_writer(bookings)};
+  Gate gate{store, fake, booking_writer()};
   std::deque<int> queue;
   for (int i = 0; i < 60; ++i) queue.push_back(i);
   int redeliveries = 0;
@@ -219,11 +193,11 @@ TEST(PostgresRestart, ServerRestartMidRunOfAThousandEventsLosesAndDoublesNothing
   idemgate::test::PgCluster cluster;
   const std::string uri = cluster.uri();
   const std::string log = "idemgate_log", bookings = "bookings";
-  pg_exec_on(uri, bookings_ddl(bookings));
+  pg_exec_on(uri, idemgate::test::bookings_ddl(bookings));
   PostgresStore store(uri, {.table = log, .pool_size = 4, .checkout_timeout = 60s});
   store.migrate();
   FakeTerminal<> fake;
-  Gate gate{store, fake, booking_writer(bookings), {.lease = 500ms}};
+  Gate gate{store, fake, idemgate::test::PgBookingWriter{bookings}, {.lease = 500ms}};
 
   // 1,000 events, 300 of them delivered twice, shuffled.
   std::vector<int> deliveries;

@@ -2,6 +2,7 @@
 // processes or threads compete for one file, and what is checked is how long they wait, which
 // other tests running beside them would distort.
 
+#include "support/child_process.hpp"
 #include "support/sqlite_files.hpp"
 
 #include <idemgate/store/sqlite.hpp>
@@ -102,37 +103,23 @@ TEST(SqliteStoreContention, ProcessesWithShortTransactionsDoNotStarveEachOther) 
   Fixture f;
   constexpr int children = 8;
   const auto start = std::chrono::steady_clock::now() + 500ms;
-  std::vector<pid_t> pids;
-  for (int c = 0; c < children; ++c) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0) << "fork failed";
-    if (pid == 0) {
-      int timeouts = 0;
+  const auto codes = idemgate::test::run_in_children(children, [&](int c) {
+    SqliteStore store(f.db, {.busy_timeout = 2s});
+    std::this_thread::sleep_until(start);
+    int timeouts = 0;
+    for (int i = 0; std::chrono::steady_clock::now() < start + 3s; ++i) {
       try {
-        SqliteStore store(f.db, {.busy_timeout = 2s});
-        std::this_thread::sleep_until(start);
-        for (int i = 0; std::chrono::steady_clock::now() < start + 3s; ++i) {
-          try {
-            (void)reserve(store,
-                          idemgate::derive_key("starve", std::to_string(c), std::to_string(i)));
-          } catch (const StoreError&) {
-            ++timeouts;
-          }
-        }
-      } catch (...) {
-        ::_exit(100);
+        (void)reserve(store, idemgate::derive_key("starve", std::to_string(c), std::to_string(i)));
+      } catch (const StoreError&) {
+        ++timeouts;
       }
-      ::_exit(std::min(timeouts, 99));
     }
-    pids.push_back(pid);
-  }
+    return std::min(timeouts, 99);
+  });
   int timeouts = 0;
-  for (const pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    ASSERT_NE(WEXITSTATUS(status), 100) << "a child could not open its store";
-    timeouts += WEXITSTATUS(status);
+  for (const int code : codes) {
+    ASSERT_NE(code, idemgate::test::child_threw) << "a child could not open its store";
+    timeouts += code;
   }
   EXPECT_EQ(timeouts, 0) << "reservations of a few milliseconds each timed out after 2 s";
   EXPECT_GT(count(f.db, "SELECT count(*) FROM idemgate_log"), children);

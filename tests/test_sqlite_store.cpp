@@ -2,6 +2,7 @@
 // transaction handle, business writes that break their transaction, backup and restore. The
 // behaviours every store shares are in test_conformance_sqlite.cpp.
 
+#include "support/child_process.hpp"
 #include "support/fake_terminal.hpp"
 #include "support/monday.hpp"
 #include "support/slot_request.hpp"
@@ -131,37 +132,21 @@ TEST(SqliteStore, SeveralProcessesOnOneFileClaimAndBookEachEventOnce) {
   Fixture f;
   const std::string terminal_db = f.dir.file("terminal.db");
   SharedTerminal::create(terminal_db);
-  constexpr int children = 4;
-  std::vector<pid_t> pids;
-  for (int c = 0; c < children; ++c) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0) << "fork failed";
-    if (pid == 0) {
-      // The child opens its own store and terminal: connections never cross a fork.
-      int code = 0;
-      try {
-        SqliteStore store(f.db, {.busy_timeout = 20s});
-        SharedTerminal terminal(terminal_db);
-        Gate gate{store, terminal, book};
-        for (const auto& n : idemgate::test::monday_deliveries(100 + static_cast<unsigned>(c))) {
-          const Key key =
-              idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
-          if (!gate.process(key, SlotRequest{n.equipment_number, n.preferred_window}).should_ack())
-            code = 3;
-        }
-      } catch (...) {
-        code = 2;
-      }
-      ::_exit(code);
+  const auto codes = idemgate::test::run_in_children(4, [&](int c) {
+    SqliteStore store(f.db, {.busy_timeout = 20s});
+    SharedTerminal terminal(terminal_db);
+    Gate gate{store, terminal, book};
+    int code = 0;
+    for (const auto& n : idemgate::test::monday_deliveries(100 + static_cast<unsigned>(c))) {
+      const Key key = idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
+      if (!gate.process(key, SlotRequest{n.equipment_number, n.preferred_window}).should_ack())
+        code = 3;
     }
-    pids.push_back(pid);
-  }
-  for (const pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "2: a child threw; 3: a delivery was not acked";
-  }
+    return code;
+  });
+  for (const int code : codes)
+    EXPECT_EQ(code, 0) << idemgate::test::child_threw
+                       << ": a child threw; 3: a delivery was not acked";
   EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 39);
   EXPECT_EQ(count(f.db, "SELECT count(DISTINCT source_event) FROM bookings"), 39);
   EXPECT_EQ(count(f.db, "SELECT count(DISTINCT container) FROM bookings"), 39);
@@ -183,33 +168,16 @@ TEST(SqliteStore, SeveralProcessesTakingStaleRowsNeverTakeTheSameRow) {
               Reservation::Kind::acquired);
   std::this_thread::sleep_for(5ms);
   constexpr int children = 4;
-  std::vector<pid_t> pids;
-  for (int c = 0; c < children; ++c) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0) << "fork failed";
-    if (pid == 0) {
-      int code = 0;
-      try {
-        SqliteStore store(f.db, {.busy_timeout = 20s});
-        std::ofstream out(f.dir.file("taken-" + std::to_string(c)));
-        for (;;) {
-          const auto taken = store.take_stale(3, 0s, 1min);
-          if (taken.empty()) break;
-          for (const auto& s : taken) out << s.key.hex() << ' ' << s.fence << '\n';
-        }
-      } catch (...) {
-        code = 2;
-      }
-      ::_exit(code);
+  const auto codes = idemgate::test::run_in_children(children, [&](int c) {
+    SqliteStore store(f.db, {.busy_timeout = 20s});
+    std::ofstream out(f.dir.file("taken-" + std::to_string(c)));
+    for (;;) {
+      const auto taken = store.take_stale(3, 0s, 1min);
+      if (taken.empty()) return 0;
+      for (const auto& s : taken) out << s.key.hex() << ' ' << s.fence << '\n';
     }
-    pids.push_back(pid);
-  }
-  for (const pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 0);
-  }
+  });
+  for (const int code : codes) EXPECT_EQ(code, 0) << "a child threw";
   std::vector<std::string> keys;
   for (int c = 0; c < children; ++c) {
     std::ifstream in(f.dir.file("taken-" + std::to_string(c)));
@@ -647,37 +615,21 @@ TEST(SqliteStore, ProcessesHammeringOneKeyCountEveryReservationButTheFirstAsADup
   Fixture f;
   const Key key = idemgate::derive_key("hammer", "1");
   constexpr int children = 4, per_child = 40;
-  std::vector<pid_t> pids;
-  for (int c = 0; c < children; ++c) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0) << "fork failed";
-    if (pid == 0) {
-      int code = 0;
-      try {
-        SqliteStore store(f.db, {.busy_timeout = 20s});
-        int acquired = 0;
-        for (int i = 0; i < per_child; ++i) {
-          const Reservation r = reserve(store, key);
-          if (r.kind == Reservation::Kind::acquired)
-            ++acquired;
-          else if (r.kind != Reservation::Kind::existing || r.fence != 1)
-            code = 3;
-        }
-        if (code == 0) code = acquired == 0 ? 0 : acquired == 1 ? 1 : 3;
-      } catch (...) {
-        code = 2;
-      }
-      ::_exit(code);
+  const auto codes = idemgate::test::run_in_children(children, [&](int) {
+    SqliteStore store(f.db, {.busy_timeout = 20s});
+    int acquired = 0;
+    for (int i = 0; i < per_child; ++i) {
+      const Reservation r = reserve(store, key);
+      if (r.kind == Reservation::Kind::acquired)
+        ++acquired;
+      else if (r.kind != Reservation::Kind::existing || r.fence != 1)
+        return 3;
     }
-    pids.push_back(pid);
-  }
+    return acquired <= 1 ? acquired : 3;
+  });
   int acquired = 0;
-  for (const pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    const int code = WEXITSTATUS(status);
-    EXPECT_LE(code, 1) << "2: a child threw; 3: a wrong reservation";
+  for (const int code : codes) {
+    EXPECT_LE(code, 1) << code << ": " << (code == 3 ? "a wrong reservation" : "a child threw");
     if (code == 1) ++acquired;
   }
   EXPECT_EQ(acquired, 1) << "one process acquired the key";

@@ -12,6 +12,7 @@
 // finishes the event); any other exception, or a wrong answer, is not.
 
 #include "support/fake_terminal.hpp"
+#include "support/pg_bookings.hpp"
 #include "support/pg_fault_proxy.hpp"
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
@@ -67,18 +68,7 @@ using namespace std::chrono_literals;
 namespace {
 
 /// The business write: one booking per event; counts how often it ran (committed or not).
-struct BookingWriter {
-  std::string table;
-  std::atomic<int>* runs;
-  void operator()(pqxx::work& tx, const Key& key, const SlotRequest& r,
-                  const std::string& slot) const {
-    runs->fetch_add(1);
-    pq::exec_params(
-        tx,
-        "INSERT INTO " + table + " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)",
-        r.container, slot, pq::bytea_param(key.view()));
-  }
-};
+using BookingWriter = idemgate::test::PgBookingWriter;
 
 using KeyedGate = Gate<PostgresStore, FakeTerminal<>, BookingWriter>;
 using UnkeyedGate = Gate<PostgresStore, FakeTerminal<false>, BookingWriter>;
@@ -112,27 +102,19 @@ std::string type_name(const std::exception& e) {
   return text;
 }
 
-class WireFaultTest : public ::testing::Test {
+class WireFaultTest : public idemgate::test::PgBookingsTest {
  protected:
   void SetUp() override {
-    uri_ = idemgate::test::pg_uri();
-    ASSERT_FALSE(uri_.empty());
-    log_ = idemgate::test::unique_table("wlog");
-    bookings_ = idemgate::test::unique_table("wbook");
-    pg_exec("DROP TABLE IF EXISTS " + log_ + ", " + log_ + "_mismatches, " + bookings_);
-    pg_exec("CREATE TABLE " + bookings_ +
-            " (id bigserial PRIMARY KEY, container text NOT NULL, slot_id text NOT NULL,"
-            " source_event bytea NOT NULL)");
-    direct_ = std::make_unique<PostgresStore>(uri_, idemgate::PostgresOptions{.table = log_});
+    PgBookingsTest::SetUp();
+    direct_ = std::make_unique<PostgresStore>(uri, idemgate::PostgresOptions{.table = log});
     direct_->migrate();
-    proxy_ = std::make_unique<PgFaultProxy>(uri_);
+    proxy_ = std::make_unique<PgFaultProxy>(uri);
   }
 
   void TearDown() override {
     proxy_.reset();
     direct_.reset();
-    if (!uri_.empty())
-      pg_exec("DROP TABLE IF EXISTS " + log_ + ", " + log_ + "_mismatches, " + bookings_);
+    PgBookingsTest::TearDown();
   }
 
   // --- building blocks -----------------------------------------------------------------------
@@ -141,10 +123,10 @@ class WireFaultTest : public ::testing::Test {
   std::unique_ptr<PostgresStore> proxied_store(std::size_t pool_size = 1) {
     return std::make_unique<PostgresStore>(
         proxy_->uri(),
-        idemgate::PostgresOptions{.table = log_, .pool_size = pool_size, .checkout_timeout = 10s});
+        idemgate::PostgresOptions{.table = log, .pool_size = pool_size, .checkout_timeout = 10s});
   }
 
-  BookingWriter writer() { return {bookings_, &business_writes_}; }
+  BookingWriter writer() { return booking_writer(&business_writes_); }
 
   KeyedGate gate_on(PostgresStore& store, std::chrono::milliseconds lease = 1s) {
     return KeyedGate(store, terminal_, writer(), {.lease = lease});
@@ -234,7 +216,7 @@ class WireFaultTest : public ::testing::Test {
 
   /// Fences read now are at least the ones read before.
   void check_fences(const char* stage) {
-    const pqxx::result rows = pg_exec("SELECT encode(key, 'hex'), fence FROM " + log_);
+    const pqxx::result rows = pg_exec("SELECT encode(key, 'hex'), fence FROM " + log);
     for (const pqxx::row& row : rows) {
       const std::string key = row[0].c_str();
       const std::int64_t fence = pq::int_field(row[1]);
@@ -247,12 +229,12 @@ class WireFaultTest : public ::testing::Test {
   }
 
   bool lease_over(int n) {
-    return pg_count("SELECT count(*) FROM " + log_ + " WHERE key = decode('" + key_of(n).hex() +
+    return pg_count("SELECT count(*) FROM " + log + " WHERE key = decode('" + key_of(n).hex() +
                     "', 'hex') AND lease_until < now()") == 1;
   }
 
   std::int64_t bookings_of(const Key& key) {
-    return pg_count("SELECT count(*) FROM " + bookings_ + " WHERE source_event = decode('" +
+    return pg_count("SELECT count(*) FROM " + bookings + " WHERE source_event = decode('" +
                     key.hex() + "', 'hex')");
   }
 
@@ -264,7 +246,7 @@ class WireFaultTest : public ::testing::Test {
     check_fences("during the operation");
     KeyedGate gate(*direct_, terminal_, writer(), {.lease = 5s});
     Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 100}};
-    const std::string in_flight = "FROM " + log_ + " WHERE status = 'in_flight'";
+    const std::string in_flight = "FROM " + log + " WHERE status = 'in_flight'";
     for (int pass = 0; pass < 5 && pg_count("SELECT count(*) " + in_flight) > 0; ++pass) {
       const std::int64_t wait_ms = pg_count(
           "SELECT coalesce(ceil(extract(epoch FROM max(lease_until) - now()) * 1000), 0)::bigint " +
@@ -297,9 +279,9 @@ class WireFaultTest : public ::testing::Test {
           << "business rows of event " << key.hex() << ": one if committed, else none";
       booked += committed ? 1 : 0;
     }
-    EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings_), booked)
+    EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings), booked)
         << "a business row for an event not committed";
-    EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings_ + " b JOIN " + log_ +
+    EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings + " b JOIN " + log +
                        " l ON l.key = b.source_event WHERE l.result <> convert_to(b.slot_id, "
                        "'UTF8')"),
               0)
@@ -486,7 +468,7 @@ class WireFaultTest : public ::testing::Test {
       auto parking = unkeyed_gate_on(*direct_);
       (void)parking.process(key_of(3), request_of(3));
     }
-    pg_exec("UPDATE " + log_ +
+    pg_exec("UPDATE " + log +
             " SET created_at = now() - interval '1 hour', updated_at = now() - interval '1 hour'");
     expect_final(1, Final::purged_with_booking);
     expect_final(2, Final::purged_with_booking);
@@ -570,7 +552,6 @@ class WireFaultTest : public ::testing::Test {
     finish_and_check();
   }
 
-  std::string uri_, log_, bookings_;
   std::unique_ptr<PostgresStore> direct_;
   std::unique_ptr<PgFaultProxy> proxy_;
   FakeTerminal<> terminal_;
@@ -648,11 +629,11 @@ TEST_F(WireFaultTest, BlackholedServerMakesOpeningTheStoreGiveUpWithStoreError) 
   proxy_->blackhole(1h);
   // The store has no timeout of its own; libpq's connect_timeout (2 s at least) ends the wait.
   EXPECT_THROW(
-      PostgresStore(proxy_->uri() + "&connect_timeout=2", idemgate::PostgresOptions{.table = log_}),
+      PostgresStore(proxy_->uri() + "&connect_timeout=2", idemgate::PostgresOptions{.table = log}),
       StoreError);
   proxy_->heal();
   PostgresStore store(proxy_->uri() + "&connect_timeout=2",
-                      idemgate::PostgresOptions{.table = log_});
+                      idemgate::PostgresOptions{.table = log});
   EXPECT_FALSE(store.find(key_of(1)).has_value()) << "the store works once the network is back";
 }
 
@@ -663,7 +644,7 @@ TEST_F(WireFaultTest, BatchWhoseReservationFailsGivesBackWhatItReserved) {
   // fails after its statement reserved the other keys.
   auto store = std::make_unique<PostgresStore>(
       proxy_->uri(), idemgate::PostgresOptions{
-                         .table = log_, .checkout_timeout = 10s, .relaxed_reservations = true});
+                         .table = log, .checkout_timeout = 10s, .relaxed_reservations = true});
   auto gate = gate_on(*store, 3s);
   for (int i = 1; i <= 3; ++i) expect_final(i, Final::committed);
   std::string bytes;

@@ -1,12 +1,14 @@
 #pragma once
 
-// Runs a helper binary as a child process and reads what it announces on stdout.
+// Runs a helper binary as a child process and reads what it announces on stdout, and runs a
+// piece of the test itself in several forked processes at once.
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -78,5 +80,40 @@ class ChildProcess {
   pid_t pid_ = -1;
   FILE* out_ = nullptr;
 };
+
+/// Exit code of a child of `run_in_children` whose body threw.
+inline constexpr int child_threw = 100;
+
+/// Runs `body(c)` for c in 0..n-1, each in its own forked process, all at once; returns their
+/// exit codes in order: what `body` returned, or `child_threw`. A child opens its own stores and
+/// connections inside `body`: none crosses the fork. Throws when a fork fails or a child dies by
+/// a signal.
+template <class Body>
+std::vector<int> run_in_children(int n, Body body) {
+  std::vector<pid_t> pids;
+  for (int c = 0; c < n; ++c) {
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      int code = child_threw;
+      try {
+        code = body(c);
+      } catch (...) {
+      }
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  bool all_exited = true;
+  for (const pid_t pid : pids) {
+    int status = 0;
+    const bool exited = waitpid(pid, &status, 0) == pid && WIFEXITED(status);
+    all_exited = all_exited && exited;
+    codes.push_back(exited ? WEXITSTATUS(status) : -1);
+  }
+  if (!all_exited) throw std::runtime_error("a child process died without exiting");
+  return codes;
+}
 
 }  // namespace idemgate::test
