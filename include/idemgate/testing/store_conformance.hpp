@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -120,36 +121,25 @@ class SlotTerminal {
   std::map<Key, std::string> by_key_;
 };
 
-/// One notification of a Monday's storm: which event, for which container and window.
-struct Notification {
-  std::string notification_id;
-  std::string equipment_number;
-  std::string preferred_window;
-};
-
-/// The 39 notifications of a Monday.
-inline std::vector<Notification> monday_notifications() {
-  std::vector<Notification> all;
-  for (int i = 0; i < 39; ++i) {
-    all.push_back({"CIS-2025-06-09-" + std::to_string(1000 + i),
-                   "MSKU" + std::to_string(7000000 + i * 37),
-                   "2025-06-09T" + std::to_string(6 + i % 12) + ":00"});
-  }
-  return all;
-}
-
-/// 87 deliveries of the 39 notifications (17 of them 2 to 6 times, 22 once), shuffled.
-inline std::vector<Notification> monday_deliveries() {
-  const auto notifications = monday_notifications();
-  const int copies[17] = {6, 6, 5, 5, 5, 4, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2};
-  std::vector<Notification> deliveries;
-  for (std::size_t i = 0; i < notifications.size(); ++i) {
-    const int n = i < 17 ? copies[i] : 1;
-    for (int c = 0; c < n; ++c) deliveries.push_back(notifications[i]);
+/// A storm of redeliveries: `events` events, the first ones delivered several times (6, 6, 5,
+/// ... down to 2), the rest once, in an order shuffled by a fixed seed. Each delivery is the
+/// index of its event.
+inline std::vector<int> redelivery_storm(int events) {
+  constexpr int copies[] = {6, 6, 5, 5, 5, 4, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2};
+  std::vector<int> deliveries;
+  for (int event = 0; event < events; ++event) {
+    const int n = event < static_cast<int>(std::size(copies)) ? copies[event] : 1;
+    deliveries.insert(deliveries.end(), static_cast<std::size_t>(n), event);
   }
   std::mt19937 rng(9);
   std::shuffle(deliveries.begin(), deliveries.end(), rng);
   return deliveries;
+}
+
+/// The request of the storm's event `event`: its container and window.
+inline SlotRequest storm_request(int event) {
+  return {"MSKU" + std::to_string(7000000 + event * 37),
+          "T" + std::to_string(6 + event % 12) + ":00"};
 }
 
 /// The key of the suite's event `name`.
@@ -951,14 +941,15 @@ TYPED_TEST_P(StoreConformance, PurgeNeverRemovesAnInFlightRowUnderConcurrentTraf
 
 // --- the gate over the store ----------------------------------------------------------------
 
-TYPED_TEST_P(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerContainer) {
+TYPED_TEST_P(StoreConformance, GateOverTheStoreTurnsARedeliveryStormIntoOneClaimPerEvent) {
   using detail::SlotRequest;
   detail::SlotTerminal terminal;
   idemgate::Gate gate{this->store(), terminal,
                       [this](auto& tx, const Key& key, const SlotRequest&, const std::string&) {
                         this->traits_.write_business(tx, key);
                       }};
-  const auto deliveries = detail::monday_deliveries();
+  constexpr int events = 39;
+  const auto deliveries = detail::redelivery_storm(events);
   ASSERT_EQ(deliveries.size(), 87u);
   std::atomic<std::size_t> next{0};
   std::atomic<int> not_acked{0}, errors{0};
@@ -966,11 +957,10 @@ TYPED_TEST_P(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPe
   for (int w = 0; w < 4; ++w)
     workers.emplace_back([&] {
       for (std::size_t i; (i = next.fetch_add(1)) < deliveries.size();) {
-        const auto& n = deliveries[i];
         try {
-          const Key key =
-              idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
-          if (!gate.process(key, SlotRequest{n.equipment_number, n.preferred_window}).should_ack())
+          const int event = deliveries[i];
+          if (!gate.process(detail::key_of("storm", event), detail::storm_request(event))
+                   .should_ack())
             ++not_acked;
         } catch (...) {
           ++errors;
@@ -980,16 +970,16 @@ TYPED_TEST_P(StoreConformance, GateOverTheStoreTurnsTheMondayStormIntoOneClaimPe
   for (auto& w : workers) w.join();
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(not_acked.load(), 0);
-  EXPECT_EQ(terminal.calls(), 39);
-  EXPECT_EQ(terminal.slots_issued(), 39);
-  EXPECT_EQ(this->traits_.business_rows(), 39);
-  EXPECT_EQ(this->traits_.distinct_business_events(), 39);
-  for (const auto& n : detail::monday_notifications()) {
-    const Key key = idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
+  EXPECT_EQ(terminal.calls(), events);
+  EXPECT_EQ(terminal.slots_issued(), events);
+  EXPECT_EQ(this->traits_.business_rows(), events);
+  EXPECT_EQ(this->traits_.distinct_business_events(), events);
+  for (int event = 0; event < events; ++event) {
+    const Key key = detail::key_of("storm", event);
     const auto row = this->store().find(key);
-    ASSERT_TRUE(row.has_value()) << n.notification_id;
-    EXPECT_EQ(row->status, RecordStatus::committed) << n.notification_id;
-    EXPECT_EQ(this->traits_.business_rows_for(key), 1) << n.notification_id;
+    ASSERT_TRUE(row.has_value()) << "event " << event;
+    EXPECT_EQ(row->status, RecordStatus::committed) << "event " << event;
+    EXPECT_EQ(this->traits_.business_rows_for(key), 1) << "event " << event;
   }
 }
 
@@ -1126,7 +1116,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     SignalsCountOnlyEventsAndMismatchesInsideTheWindow,
     PurgeRemovesFinishedRowsPastTheWindowAndKeepsTheRest, PurgeDeletesInBatchesAndReturnsTheTotal,
     PurgeNeverRemovesAnInFlightRowUnderConcurrentTraffic,
-    GateOverTheStoreTurnsTheMondayStormIntoOneClaimPerContainer,
+    GateOverTheStoreTurnsARedeliveryStormIntoOneClaimPerEvent,
     AttemptsStartAtOneAndGrowWithEveryTakeover, RetryingCountsInFlightRowsHeldMoreThanOnce,
     ARedrivenFailedRowIsTakenOverByTheNextReservation, ARedrivenFailedRowIsTakenByTheReconciler,
     RedrivingByTimeTakesFailedRowsInTheRangeUpToTheLimit);
