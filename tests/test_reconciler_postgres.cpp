@@ -282,8 +282,11 @@ TEST(PostgresRestart, ServerRestartMidRunOfAThousandEventsLosesAndDoublesNothing
         std::this_thread::sleep_for(20ms);
       } catch (const std::exception& e) {
         ++other_errors;  // not what the store promises for an outage
-        std::lock_guard lock(other_error_mutex);
-        other_error = e.what();
+        {
+          std::lock_guard lock(other_error_mutex);
+          other_error = e.what();
+        }
+        std::this_thread::sleep_for(20ms);
       }
       if (ack) {
         ++acked;
