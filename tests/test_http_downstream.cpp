@@ -335,7 +335,9 @@ TEST(HttpDownstream, LostResponseIsTransientAndLookupFindsTheCommittedSlot) {
   const auto retried = downstream.claim(msku, key);
   ASSERT_TRUE(retried.ok()) << retried.reason();
   EXPECT_EQ(retried.outcome(), found.outcome());
-  EXPECT_EQ(terminal.slots_issued(), 1);
+  // The retry reached the terminal again; what kept it from a second slot is the key it sent.
+  EXPECT_EQ(terminal.claims_received(), 2);
+  EXPECT_EQ(terminal.key_headers_received(), std::vector<std::string>(2, '"' + key.hex() + '"'));
 }
 
 TEST(HttpDownstream, LookupOfUnknownKeyIsNotFound) {
@@ -495,7 +497,10 @@ TEST(GatedHttpDownstream, LostAckThenRedeliveryBooksTheOriginalSlotOnce) {
   const auto redelivered = gate.process(key, msku);
   ASSERT_EQ(redelivered.status(), Status::processed) << redelivered.reason();
   EXPECT_EQ(redelivered.outcome(), terminal.slot_for_key(key.hex())->id);
-  EXPECT_EQ(terminal.slots_issued(), 1);
+  // The gate never saw the first answer, so the redelivery claims again: under the same key,
+  // which is all that keeps the terminal from handing out a second slot.
+  EXPECT_EQ(terminal.claims_received(), 2);
+  EXPECT_EQ(terminal.key_headers_received(), std::vector<std::string>(2, '"' + key.hex() + '"'));
   EXPECT_EQ(bookings.size(), 1u);
 }
 

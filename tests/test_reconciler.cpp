@@ -68,7 +68,7 @@ TEST(Reconciler, FinishesWithTheOutcomeTheDownstreamHoldsAndNeverClaimsAnew) {
   EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
   terminal.after = nullptr;
   ASSERT_EQ(store.find(key)->status, RecordStatus::in_flight);
-  EXPECT_EQ(terminal.slots_issued(), 1);
+  ASSERT_EQ(terminal.calls(), 1);
   EXPECT_EQ(bookings.size(), 0u);
 
   Reconciler reconciler{gate, fast};
@@ -90,6 +90,7 @@ TEST(Reconciler, ClaimsUnderTheSameKeyWhenTheDownstreamHoldsNothing) {
   Clock clock;
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
+  terminal.ignores_keys = true;  // a claim that got through twice would show as two slots
   terminal.before = [](const SlotRequest&,
                        const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
     throw SimulatedCrash{};
@@ -102,7 +103,11 @@ TEST(Reconciler, ClaimsUnderTheSameKeyWhenTheDownstreamHoldsNothing) {
   Reconciler reconciler{gate, fast};
   const auto report = reconciler.run_once();
   EXPECT_EQ(report.reclaimed, 1u);
-  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(terminal.lookups(), 1) << "it looked first";
+  EXPECT_EQ(terminal.keys_claimed(), (std::vector<Key>{key, key}))
+      << "the crashed claim and the reconciler's, under the event's key";
+  EXPECT_EQ(terminal.slots_issued(), 1) << "only the reconciler's claim got through";
+  EXPECT_EQ(store.find(key)->result, "slot-1");
   EXPECT_EQ(bookings.size(), 1u);
   EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
 }
@@ -123,9 +128,9 @@ TEST(Reconciler, ClaimsAgainWithoutLookupOnlyBecauseTheDownstreamHonoursKeys) {
   clock.advance(31s);
   Reconciler reconciler{gate, fast};
   EXPECT_EQ(reconciler.run_once().reclaimed, 1u);
-  EXPECT_EQ(terminal.calls(), 2);
-  EXPECT_EQ(terminal.slots_issued(), 1) << "the same key got the original slot back";
-  EXPECT_EQ(store.find(key)->result, "slot-1");
+  EXPECT_EQ(terminal.keys_claimed(), (std::vector<Key>{key, key}))
+      << "claimed again, under the same key";
+  EXPECT_EQ(store.find(key)->result, "slot-1") << "the same key got the original slot back";
   EXPECT_EQ(bookings.size(), 1u);
 }
 
@@ -169,7 +174,9 @@ TEST(Reconciler, FailingLookupFallsBackToAClaimUnderTheSameKey) {
   EXPECT_EQ(report.reclaimed, 1u) << "a downstream that honours keys is safe to claim again";
   EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
   EXPECT_EQ(bookings.size(), 1u);
-  EXPECT_EQ(terminal.slots_issued(), 1) << "the repeated claim returned the original slot";
+  EXPECT_EQ(terminal.keys_claimed(), (std::vector<Key>{key, key}))
+      << "claimed again, under the same key";
+  EXPECT_EQ(store.find(key)->result, "slot-1") << "the repeated claim returned the original slot";
 }
 
 TEST(Reconciler, LookupThatKeepsFailingIsEscalatedWithItsReasonAfterMaxAttempts) {
@@ -260,6 +267,7 @@ TEST(Reconciler, AStaleWorkerThatResumesAfterTheReconcilerCannotCommit) {
   Clock clock;
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
+  terminal.ignores_keys = true;  // a second claim would show as a second slot
   Bookings bookings;
   Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
   Reconciler reconciler{gate, fast};
@@ -274,7 +282,9 @@ TEST(Reconciler, AStaleWorkerThatResumesAfterTheReconcilerCannotCommit) {
   };
   EXPECT_EQ(gate.process(key, msku).status(), Status::lost_lease);
   EXPECT_EQ(bookings.size(), 1u);
+  EXPECT_EQ(terminal.calls(), 1) << "the reconciler found the worker's slot by lookup";
   EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(store.find(key)->result, "slot-1");
 }
 
 TEST(Reconciler, BatchBoundsOnePass) {

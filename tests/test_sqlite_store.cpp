@@ -27,6 +27,7 @@
 #include <functional>
 #include <future>
 #include <iterator>
+#include <latch>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -217,13 +218,41 @@ TEST(SqliteStore, EightStoresOnOneFileReservingOneKeyHaveExactlyOneWinner) {
 
 TEST(SqliteStore, AWriterInAnotherConnectionIsWaitedForNotReported) {
   Fixture f;
+  // The store reads its clock only once it holds the write lock (the lease runs from then), so
+  // its clock says when the reservation got the lock.
+  std::atomic<bool> released{false};
+  std::atomic<int> reads_while_held{0}, reads_after_release{0};
+  SqliteStore waiting(f.db, {.busy_timeout = 20s, .clock = [&] {
+                               ++(released.load() ? reads_after_release : reads_while_held);
+                               return std::chrono::system_clock::now();
+                             }});
   auto locker = open_raw(f.db);
   sq::exec(locker.get(), "BEGIN IMMEDIATE");
   const Key key = idemgate::derive_key("wait", "1");
-  auto reserving = std::async(std::launch::async, [&] { return reserve(f.store, key); });
-  EXPECT_EQ(reserving.wait_for(200ms), std::future_status::timeout) << "should wait for the lock";
+  std::latch calling(1);
+  auto reserving = std::async(std::launch::async, [&] {
+    calling.count_down();
+    return reserve(waiting, key);
+  });
+  calling.wait();
+  // However long the other connection holds the write lock, the reservation neither returns
+  // nor writes; the hold's length is not what is checked.
+  for (int i = 0; i < 30 && reserving.wait_for(0s) == std::future_status::timeout; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(reserving.wait_for(0s), std::future_status::timeout)
+      << "the reservation returned while another connection held the write lock";
+  EXPECT_EQ(reads_while_held.load(), 0) << "the reservation went ahead without the write lock";
+  EXPECT_FALSE(f.store.find(key).has_value()) << "nothing is written while the lock is held";
+  released = true;
+  const auto release_time =
+      std::chrono::floor<std::chrono::microseconds>(std::chrono::system_clock::now());
   sq::exec(locker.get(), "COMMIT");
+  ASSERT_EQ(reserving.wait_for(30s), std::future_status::ready)
+      << "the reservation still waits after the lock was released";
   EXPECT_EQ(reserving.get().kind, Reservation::Kind::acquired);
+  EXPECT_GE(reads_after_release.load(), 1) << "it took the write lock after the release";
+  EXPECT_GE(f.store.find(key)->lease_until, release_time + 1min)
+      << "the lease runs from when the lock was released, so the reservation waited for it";
 }
 
 TEST(SqliteStore, LockedDatabasePastTheBusyTimeoutIsAClearErrorAndWritesNothing) {
@@ -585,6 +614,7 @@ TEST(SqliteStore, GateBooksOnceAndAnswersDuplicatesFromTheLog) {
 TEST(SqliteStore, ReleaseEndsTheLeaseAtTheSmallestTimeAndTheNextDeliveryTakesOver) {
   Fixture f;
   idemgate::test::FakeTerminal<> terminal;
+  terminal.ignores_keys = true;  // a claim that got through twice would show as two slots
   int failures = 1;
   terminal.before = [&](const SlotRequest&,
                         const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
@@ -607,7 +637,8 @@ TEST(SqliteStore, ReleaseEndsTheLeaseAtTheSmallestTimeAndTheNextDeliveryTakesOve
   EXPECT_TRUE(next.took_over());
   EXPECT_EQ(f.store.find(key)->fence, 2);
   EXPECT_EQ(gate.process(key, msku).status(), idemgate::Status::duplicate);
-  EXPECT_EQ(terminal.slots_issued(), 1);
+  EXPECT_EQ(terminal.calls(), 2) << "the refused claim and the redelivery's";
+  EXPECT_EQ(terminal.slots_issued(), 1) << "only the redelivery's claim got through";
   EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 1);
 }
 

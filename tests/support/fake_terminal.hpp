@@ -1,7 +1,8 @@
 #pragma once
 
-// A fake slot API that honours idempotency keys and counts what it was asked, in process.
-// Tests of HTTP behaviour use the real server in examples/; this one isolates the gate.
+// A fake slot API that honours idempotency keys (or, switched, ignores them) and counts what it
+// was asked, in process. Tests of HTTP behaviour use the real server in examples/; this one
+// isolates the gate.
 
 #include "slot_request.hpp"
 
@@ -16,17 +17,31 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace idemgate::test {
 
+/// One claim as the terminal received it.
+struct ReceivedClaim {
+  std::string container;
+  Key key;
+};
+
 /// Counts claims; the same key always gets the slot it got first (like a terminal's
-/// idempotency cache), so a repeated claim never hands out a second slot.
+/// idempotency cache), so a repeated claim never hands out a second slot. With `ignores_keys`
+/// set it behaves like the terminal of the incident instead: every claim that gets through
+/// hands out a new slot, so a second claim for one event shows as a second slot.
 template <bool HonoursKeys = true>
 class FakeTerminal {
  public:
   using request_type = SlotRequest;
   using outcome_type = std::string;
   static constexpr bool honours_idempotency_key = HonoursKeys;
+
+  /// While set, a claim under a key seen before hands out a new slot instead of the first one
+  /// (the gate is not told: it still believes keys are honoured). Lookups still find the first
+  /// slot handed out under a key.
+  std::atomic<bool> ignores_keys{false};
 
   /// Runs before each claim; may throw or sleep. Returning a failure replaces the answer.
   std::function<std::optional<ClaimResult<std::string>>(const SlotRequest&, const Key&)> before;
@@ -37,6 +52,10 @@ class FakeTerminal {
 
   ClaimResult<std::string> claim(const SlotRequest& request, const Key& key) {
     calls_.fetch_add(1);
+    {
+      std::lock_guard lock(mutex_);
+      received_.push_back({request.container, key});
+    }
     if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
     if (before) {
       if (auto replaced = before(request, key)) return *replaced;
@@ -45,11 +64,12 @@ class FakeTerminal {
     {
       std::lock_guard lock(mutex_);
       auto it = by_key_.find(key);
-      if (it != by_key_.end()) {
+      if (it != by_key_.end() && !ignores_keys.load()) {
         slot = it->second;
       } else {
         slot = "slot-" + std::to_string(++issued_);
-        by_key_.emplace(key, slot);
+        by_key_.emplace(key, slot);  // keeps the first slot of a key
+        slots_by_key_[key].insert(slot);
         containers_[request.container].insert(slot);
       }
     }
@@ -75,10 +95,30 @@ class FakeTerminal {
   int calls() const { return calls_.load(); }
   /// Lookups made.
   int lookups() const { return lookups_.load(); }
-  /// Distinct slots handed out.
+  /// Slots handed out: with keys honoured one per key claimed, so a repeated claim does not
+  /// show here (count `calls()` for that); with `ignores_keys` one per claim that got through.
   int slots_issued() const {
     std::lock_guard lock(mutex_);
     return issued_;
+  }
+  /// Distinct slots handed out under one key: 1 for an event claimed once, or claimed again
+  /// under its key at a terminal that honours keys.
+  std::size_t distinct_slots_for(const Key& key) const {
+    std::lock_guard lock(mutex_);
+    auto it = slots_by_key_.find(key);
+    return it == slots_by_key_.end() ? 0 : it->second.size();
+  }
+  /// Every claim received (including failed ones), in order.
+  std::vector<ReceivedClaim> received() const {
+    std::lock_guard lock(mutex_);
+    return received_;
+  }
+  /// The key of every claim received, in order.
+  std::vector<Key> keys_claimed() const {
+    std::lock_guard lock(mutex_);
+    std::vector<Key> keys;
+    for (const ReceivedClaim& c : received_) keys.push_back(c.key);
+    return keys;
   }
   /// Slots handed out for one container.
   std::size_t slots_for(const std::string& container) const {
@@ -96,6 +136,8 @@ class FakeTerminal {
   mutable std::mutex mutex_;
   int issued_ = 0;
   std::map<Key, std::string> by_key_;
+  std::map<Key, std::set<std::string>> slots_by_key_;
+  std::vector<ReceivedClaim> received_;
   std::map<std::string, std::set<std::string>> containers_;
 };
 
