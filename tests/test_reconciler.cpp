@@ -1,5 +1,9 @@
+// The reconciler over MemoryStore on a hand-moved clock: stranded events finished by lookup or
+// by a claim under the same key, never a blind claim; escalation, poison rows and stale workers.
+
 #include "support/fake_terminal.hpp"
 #include "support/manual_clock.hpp"
+#include "support/memory_bookings.hpp"
 #include "support/slot_request.hpp"
 
 #include <idemgate/detail/crypto/sha256.hpp>
@@ -11,12 +15,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <map>
-#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+using idemgate::ClaimResult;
 using idemgate::Gate;
 using idemgate::Key;
 using idemgate::MemoryStore;
@@ -24,49 +30,67 @@ using idemgate::Reconciler;
 using idemgate::RecordStatus;
 using idemgate::Status;
 using idemgate::test::FakeTerminal;
-using Clock = idemgate::test::ManualClock;
+using idemgate::test::MemoryBookings;
 using idemgate::test::SimulatedCrash;
 using idemgate::test::SlotRequest;
 using namespace std::chrono_literals;
 
 namespace {
 
-struct Bookings {
-  std::mutex mutex;
-  std::multimap<Key, std::string> rows;
-  std::size_t size() {
-    std::lock_guard lock(mutex);
-    return rows.size();
-  }
-  auto writer() {
-    return [this](MemoryStore::transaction& tx, const Key& key, const SlotRequest&,
-                  const std::string& slot) {
-      tx.on_commit([this, key, slot] {
-        std::lock_guard lock(mutex);
-        rows.emplace(key, slot);
-      });
-    };
-  }
-};
-
 const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
 const Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU7000037");
 const idemgate::ReconcilerOptions fast{.interval = 10ms, .stale_after = 0ms, .batch = 100};
 
+/// A store on a clock the test moves, a terminal, and the bookings the gate writes; and the ways
+/// a worker dies mid-event.
+class ReconcilerTest : public ::testing::Test {
+ protected:
+  /// A gate over `downstream` (the terminal unless given) writing this test's bookings.
+  template <class Downstream>
+  auto gate_over(Downstream& downstream, std::chrono::milliseconds lease = 30s) {
+    return Gate{store, downstream, bookings.writer(), {.lease = lease}};
+  }
+
+  /// Delivers the event once; its worker dies right after the terminal took the claim.
+  template <class G>
+  void crash_after_claim(G& gate) {
+    terminal.after = [](const Key&, const std::string&) -> std::optional<ClaimResult<std::string>> {
+      throw SimulatedCrash{};
+    };
+    EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
+    terminal.after = nullptr;
+  }
+
+  /// Delivers the event once; its worker dies right before its claim.
+  template <class G>
+  void crash_before_claim(G& gate) {
+    terminal.before = [](const SlotRequest&,
+                         const Key&) -> std::optional<ClaimResult<std::string>> {
+      throw SimulatedCrash{};
+    };
+    EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
+    terminal.before = nullptr;
+  }
+
+  /// A worker that reserved `event` for `request` under a lease of `lease` and died.
+  template <class G>
+  void strand(G& gate, const Key& event, const SlotRequest& request,
+              std::chrono::milliseconds lease = 30s) {
+    const std::string bytes = gate.encode_request(request);
+    (void)store.reserve(event, idemgate::detail::sha256(bytes), bytes, lease);
+  }
+
+  idemgate::test::ManualClock clock;
+  MemoryStore store{clock.fn()};
+  FakeTerminal<> terminal;
+  MemoryBookings bookings;
+};
+
 }  // namespace
 
-TEST(Reconciler, FinishesWithTheOutcomeTheDownstreamHoldsAndNeverClaimsAnew) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
-  terminal.after = [](const Key&,
-                      const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
-    throw SimulatedCrash{};
-  };
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
-  EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
-  terminal.after = nullptr;
+TEST_F(ReconcilerTest, FinishesWithTheOutcomeTheDownstreamHoldsAndNeverClaimsAnew) {
+  auto gate = gate_over(terminal);
+  crash_after_claim(gate);
   ASSERT_EQ(store.find(key)->status, RecordStatus::in_flight);
   ASSERT_EQ(terminal.calls(), 1);
   EXPECT_EQ(bookings.size(), 0u);
@@ -86,19 +110,10 @@ TEST(Reconciler, FinishesWithTheOutcomeTheDownstreamHoldsAndNeverClaimsAnew) {
   EXPECT_EQ(gate.process(key, msku).status(), Status::duplicate);
 }
 
-TEST(Reconciler, ClaimsUnderTheSameKeyWhenTheDownstreamHoldsNothing) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
+TEST_F(ReconcilerTest, ClaimsUnderTheSameKeyWhenTheDownstreamHoldsNothing) {
   terminal.ignores_keys = true;  // a claim that got through twice would show as two slots
-  terminal.before = [](const SlotRequest&,
-                       const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
-    throw SimulatedCrash{};
-  };
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
-  EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
-  terminal.before = nullptr;
+  auto gate = gate_over(terminal);
+  crash_before_claim(gate);
   clock.advance(31s);
   Reconciler reconciler{gate, fast};
   const auto report = reconciler.run_once();
@@ -112,19 +127,10 @@ TEST(Reconciler, ClaimsUnderTheSameKeyWhenTheDownstreamHoldsNothing) {
   EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
 }
 
-TEST(Reconciler, ClaimsAgainWithoutLookupOnlyBecauseTheDownstreamHonoursKeys) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
+TEST_F(ReconcilerTest, ClaimsAgainWithoutLookupOnlyBecauseTheDownstreamHonoursKeys) {
   idemgate::test::WithoutLookup<FakeTerminal<>> no_lookup{terminal};
-  terminal.after = [](const Key&,
-                      const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
-    throw SimulatedCrash{};
-  };
-  Bookings bookings;
-  Gate gate{store, no_lookup, bookings.writer(), {.lease = 30s}};
-  EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
-  terminal.after = nullptr;
+  auto gate = gate_over(no_lookup);
+  crash_after_claim(gate);
   clock.advance(31s);
   Reconciler reconciler{gate, fast};
   EXPECT_EQ(reconciler.run_once().reclaimed, 1u);
@@ -134,39 +140,25 @@ TEST(Reconciler, ClaimsAgainWithoutLookupOnlyBecauseTheDownstreamHonoursKeys) {
   EXPECT_EQ(bookings.size(), 1u);
 }
 
-TEST(Reconciler, EscalatesWhenTheDownstreamNeitherHonoursKeysNorLooksUp) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<false> terminal;
-  idemgate::test::WithoutLookup<FakeTerminal<false>> blind{terminal};
-  Bookings bookings;
-  Gate gate{store, blind, bookings.writer(), {.lease = 30s}};
-  // A worker that died right after its reservation.
-  const std::string bytes = gate.encode_request(msku);
-  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 30s);
+TEST_F(ReconcilerTest, EscalatesWhenTheDownstreamNeitherHonoursKeysNorLooksUp) {
+  FakeTerminal<false> keyless;
+  idemgate::test::WithoutLookup<FakeTerminal<false>> blind{keyless};
+  auto gate = gate_over(blind);
+  strand(gate, key, msku);
   clock.advance(31s);
   Reconciler reconciler{gate, fast};
   const auto report = reconciler.run_once();
   EXPECT_EQ(report.escalated, 1u);
-  EXPECT_EQ(terminal.calls(), 0) << "never a blind retry";
+  EXPECT_EQ(keyless.calls(), 0) << "never a blind retry";
   const auto parked = gate.escalated();
   ASSERT_EQ(parked.size(), 1u);
   EXPECT_EQ(parked[0].key, key);
   EXPECT_NE(parked[0].reason.find("Idempotency-Key"), std::string::npos);
 }
 
-TEST(Reconciler, FailingLookupFallsBackToAClaimUnderTheSameKey) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
-  terminal.after = [](const Key&,
-                      const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
-    throw SimulatedCrash{};
-  };
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
-  EXPECT_THROW((void)gate.process(key, msku), SimulatedCrash);
-  terminal.after = nullptr;
+TEST_F(ReconcilerTest, FailingLookupFallsBackToAClaimUnderTheSameKey) {
+  auto gate = gate_over(terminal);
+  crash_after_claim(gate);
   terminal.lookup_down = true;  // e.g. 401/403/405/410 from a lookup endpoint, for ever
   clock.advance(31s);
   Reconciler reconciler{gate, fast};
@@ -179,15 +171,11 @@ TEST(Reconciler, FailingLookupFallsBackToAClaimUnderTheSameKey) {
   EXPECT_EQ(store.find(key)->result, "slot-1") << "the repeated claim returned the original slot";
 }
 
-TEST(Reconciler, LookupThatKeepsFailingIsEscalatedWithItsReasonAfterMaxAttempts) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<false> terminal;  // cannot take keys: only its lookup may finish the event
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
-  const std::string bytes = gate.encode_request(msku);
-  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 500ms);  // the worker died
-  terminal.lookup_down = true;
+TEST_F(ReconcilerTest, LookupThatKeepsFailingIsEscalatedWithItsReasonAfterMaxAttempts) {
+  FakeTerminal<false> keyless;  // cannot take keys: only its lookup may finish the event
+  auto gate = gate_over(keyless);
+  strand(gate, key, msku, 500ms);
+  keyless.lookup_down = true;
   Reconciler reconciler{gate,
                         {.interval = 10ms, .stale_after = 0ms, .batch = 10, .max_attempts = 3}};
   std::size_t deferred = 0;
@@ -200,14 +188,11 @@ TEST(Reconciler, LookupThatKeepsFailingIsEscalatedWithItsReasonAfterMaxAttempts)
   EXPECT_EQ(row->status, RecordStatus::escalated);
   EXPECT_NE(row->reason.find("lookup endpoint unavailable"), std::string::npos) << row->reason;
   EXPECT_NE(row->reason.find("gave up after 3 attempts"), std::string::npos) << row->reason;
-  EXPECT_EQ(terminal.calls(), 0) << "never claimed: the downstream cannot take keys";
+  EXPECT_EQ(keyless.calls(), 0) << "never claimed: the downstream cannot take keys";
   EXPECT_EQ(bookings.size(), 0u);
 }
 
-TEST(Reconciler, PoisonRowIsEscalatedWithTheLastErrorInsteadOfRetakenForever) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
+TEST_F(ReconcilerTest, PoisonRowIsEscalatedWithTheLastErrorInsteadOfRetakenForever) {
   int writes = 0;
   Gate gate{store,
             terminal,
@@ -233,9 +218,7 @@ TEST(Reconciler, PoisonRowIsEscalatedWithTheLastErrorInsteadOfRetakenForever) {
   EXPECT_EQ(store.signals(1h).retrying, 0) << "escalated, so no longer in flight";
 }
 
-TEST(Reconciler, RetryingRowsAreCounted) {
-  Clock clock;
-  MemoryStore store(clock.fn());
+TEST_F(ReconcilerTest, RetryingRowsAreCounted) {
   const auto fingerprint = idemgate::detail::sha256("r");
   (void)store.reserve(key, fingerprint, "r", 1s);
   EXPECT_EQ(store.signals(1h).retrying, 0);
@@ -244,16 +227,10 @@ TEST(Reconciler, RetryingRowsAreCounted) {
   EXPECT_EQ(store.signals(1h).retrying, 1);
 }
 
-TEST(Reconciler, StoresAPermanentFailureFromTheReclaim) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
-  const std::string bytes = gate.encode_request(msku);
-  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 30s);
-  terminal.before = [](const SlotRequest&,
-                       const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
+TEST_F(ReconcilerTest, StoresAPermanentFailureFromTheReclaim) {
+  auto gate = gate_over(terminal);
+  strand(gate, key, msku);
+  terminal.before = [](const SlotRequest&, const Key&) -> std::optional<ClaimResult<std::string>> {
     return idemgate::PermanentFailure{"422 container unknown"};
   };
   clock.advance(31s);
@@ -263,17 +240,12 @@ TEST(Reconciler, StoresAPermanentFailureFromTheReclaim) {
   EXPECT_EQ(gate.process(key, msku).status(), Status::failed);
 }
 
-TEST(Reconciler, AStaleWorkerThatResumesAfterTheReconcilerCannotCommit) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
+TEST_F(ReconcilerTest, AStaleWorkerThatResumesAfterTheReconcilerCannotCommit) {
   terminal.ignores_keys = true;  // a second claim would show as a second slot
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  auto gate = gate_over(terminal);
   Reconciler reconciler{gate, fast};
   bool stalled = false;
-  terminal.after = [&](const Key&,
-                       const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+  terminal.after = [&](const Key&, const std::string&) -> std::optional<ClaimResult<std::string>> {
     if (std::exchange(stalled, true)) return std::nullopt;
     // The worker stalls past its lease; the reconciler finishes the event meanwhile.
     clock.advance(31s);
@@ -287,17 +259,11 @@ TEST(Reconciler, AStaleWorkerThatResumesAfterTheReconcilerCannotCommit) {
   EXPECT_EQ(store.find(key)->result, "slot-1");
 }
 
-TEST(Reconciler, BatchBoundsOnePass) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+TEST_F(ReconcilerTest, BatchBoundsOnePass) {
+  auto gate = gate_over(terminal);
   for (int i = 0; i < 25; ++i) {
     const SlotRequest r{"C" + std::to_string(i), "w"};
-    const std::string bytes = gate.encode_request(r);
-    (void)store.reserve(idemgate::derive_key("s", r.container), idemgate::detail::sha256(bytes),
-                        bytes, 30s);
+    strand(gate, idemgate::derive_key("s", r.container), r);
   }
   clock.advance(31s);
   Reconciler reconciler{gate, {.interval = 10ms, .stale_after = 0ms, .batch = 10}};
@@ -307,14 +273,9 @@ TEST(Reconciler, BatchBoundsOnePass) {
   EXPECT_EQ(bookings.size(), 25u);
 }
 
-TEST(Reconciler, StaleAfterWaitsBeyondTheLease) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 10s}};
-  const std::string bytes = gate.encode_request(msku);
-  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 10s);
+TEST_F(ReconcilerTest, StaleAfterWaitsBeyondTheLease) {
+  auto gate = gate_over(terminal, 10s);
+  strand(gate, key, msku, 10s);
   Reconciler reconciler{gate, {.interval = 1min, .stale_after = 2min, .batch = 10}};
   clock.advance(11s);
   EXPECT_EQ(reconciler.run_once().taken, 0u) << "expired lease, but not stale for 2 minutes";
@@ -322,14 +283,9 @@ TEST(Reconciler, StaleAfterWaitsBeyondTheLease) {
   EXPECT_EQ(reconciler.run_once().taken, 1u);
 }
 
-TEST(Reconciler, BackgroundLoopFinishesStrandedRowsUntilStopped) {
-  Clock clock;
-  MemoryStore store(clock.fn());
-  FakeTerminal<> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
-  const std::string bytes = gate.encode_request(msku);
-  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 30s);
+TEST_F(ReconcilerTest, BackgroundLoopFinishesStrandedRowsUntilStopped) {
+  auto gate = gate_over(terminal);
+  strand(gate, key, msku);
   clock.advance(31s);
   Reconciler reconciler{gate, fast};
   reconciler.start();
@@ -340,11 +296,9 @@ TEST(Reconciler, BackgroundLoopFinishesStrandedRowsUntilStopped) {
   reconciler.stop();  // stopping twice is harmless
 }
 
-TEST(Gate, EscalatedEventsAreListedAndResolvedWithTheBusinessWrite) {
-  MemoryStore store;
-  FakeTerminal<false> terminal;
-  Bookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+TEST_F(ReconcilerTest, EscalatedEventsAreListedAndResolvedWithTheBusinessWrite) {
+  FakeTerminal<false> keyless;
+  auto gate = gate_over(keyless);
   ASSERT_EQ(gate.process(key, msku).status(), Status::escalated);
   ASSERT_EQ(gate.escalated().size(), 1u);
   EXPECT_FALSE(gate.resolve(idemgate::derive_key("s", "unknown"), "slot-x"));
@@ -361,7 +315,7 @@ TEST(Reconciler, APassLongerThanTheLeaseKeepsTheRowsItHasNotReachedYet) {
   MemoryStore store;  // the real clock: the pass really takes longer than the lease
   FakeTerminal<> terminal;
   idemgate::test::WithoutLookup<FakeTerminal<>> downstream{terminal};
-  Bookings bookings;
+  MemoryBookings bookings;
   Gate gate{store, downstream, bookings.writer(), {.lease = 240ms}};
   std::vector<Key> keys;
   for (int i = 0; i < 10; ++i) {
