@@ -1,11 +1,11 @@
 #include "support/fake_terminal.hpp"
-#include "support/manual_clock.hpp"
 #include "support/memory_bookings.hpp"
 #include "support/slot_request.hpp"
 
 #include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/store/memory.hpp>
+#include <idemgate/testing/clocks.hpp>
 
 #include <gtest/gtest.h>
 
@@ -25,9 +25,9 @@ using idemgate::MemoryStore;
 using idemgate::RecordStatus;
 using idemgate::Status;
 using idemgate::test::FakeTerminal;
-using idemgate::test::ManualClock;
 using idemgate::test::MemoryBookings;
 using idemgate::test::SlotRequest;
+using idemgate::testing::ManualClock;
 using namespace std::chrono_literals;
 
 namespace {

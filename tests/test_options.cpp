@@ -3,7 +3,6 @@
 // honoured exactly. Plus the memory store and the periodic loop given hostile durations.
 
 #include "support/fake_terminal.hpp"
-#include "support/manual_clock.hpp"
 #include "support/memory_bookings.hpp"
 #include "support/option_samples.hpp"
 #include "support/slot_request.hpp"
@@ -15,6 +14,7 @@
 #include <idemgate/retention.hpp>
 #include <idemgate/signals.hpp>
 #include <idemgate/store/memory.hpp>
+#include <idemgate/testing/clocks.hpp>
 #include <idemgate/webhook/standard.hpp>
 #include <idemgate/webhook/stripe.hpp>
 
@@ -49,12 +49,12 @@ using idemgate::WebhookOptions;
 using idemgate::test::expect_refused;
 using idemgate::test::extremes;
 using idemgate::test::FakeTerminal;
-using idemgate::test::ManualClock;
 using idemgate::test::MemoryBookings;
 using idemgate::test::Sample;
 using idemgate::test::SimulatedCrash;
 using idemgate::test::size_extremes;
 using idemgate::test::SlotRequest;
+using idemgate::testing::ManualClock;
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 using std::chrono::seconds;

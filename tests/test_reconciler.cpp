@@ -2,7 +2,6 @@
 // by a claim under the same key, never a blind claim; escalation, poison rows and stale workers.
 
 #include "support/fake_terminal.hpp"
-#include "support/manual_clock.hpp"
 #include "support/memory_bookings.hpp"
 #include "support/slot_request.hpp"
 
@@ -10,6 +9,7 @@
 #include <idemgate/gate.hpp>
 #include <idemgate/reconciler.hpp>
 #include <idemgate/store/memory.hpp>
+#include <idemgate/testing/clocks.hpp>
 
 #include <gtest/gtest.h>
 
@@ -80,7 +80,7 @@ class ReconcilerTest : public ::testing::Test {
     (void)store.reserve(event, idemgate::detail::sha256(bytes), bytes, lease);
   }
 
-  idemgate::test::ManualClock clock;
+  idemgate::testing::ManualClock clock;
   MemoryStore store{clock.fn()};
   FakeTerminal<> terminal;
   MemoryBookings bookings;

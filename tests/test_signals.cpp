@@ -1,5 +1,4 @@
 #include "support/fake_terminal.hpp"
-#include "support/manual_clock.hpp"
 #include "support/slot_request.hpp"
 
 #include <idemgate/gate.hpp>
@@ -8,6 +7,7 @@
 #include <idemgate/retention.hpp>
 #include <idemgate/signals.hpp>
 #include <idemgate/store/memory.hpp>
+#include <idemgate/testing/clocks.hpp>
 
 #include <gtest/gtest.h>
 
@@ -28,7 +28,7 @@ using idemgate::MemoryStore;
 using idemgate::Status;
 using idemgate::StoreSignals;
 using idemgate::test::FakeTerminal;
-using Clock = idemgate::test::ManualClock;
+using Clock = idemgate::testing::ManualClock;
 using idemgate::test::SlotRequest;
 using namespace std::chrono_literals;
 

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 // What a user writes to run the store conformance suite over a store: the traits contract, as a
-// concept, and two helpers that make most traits types a few lines long.
+// concept, and two helpers that make most traits types a few lines long (the clocks are in
+// clocks.hpp).
 #pragma once
 
 #include "../concepts.hpp"
 #include "../key.hpp"
+#include "clocks.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -67,27 +69,6 @@ template <class T>
 concept transaction_breaking_store_traits = store_traits<T> &&
     requires(T& traits, typename T::Store::transaction& tx) {
   traits.break_transaction(tx);
-};
-
-/**
- * Real time plus an offset that `advance` moves forward; safe to read from any thread. For
- * traits whose store takes an injected clock (an `idemgate::WallClock`): pass it `fn()`.
- */
-class ShiftableClock {
- public:
-  /// The system clock's time plus every `advance` so far.
-  std::chrono::system_clock::time_point now() const {
-    return std::chrono::system_clock::now() + std::chrono::milliseconds(offset_ms_.load());
-  }
-  /// Moves this clock forward by `by`.
-  void advance(std::chrono::milliseconds by) { offset_ms_ += by.count(); }
-  /// This clock as a store's clock; the clock must outlive the store.
-  WallClock fn() {
-    return [this] { return now(); };
-  }
-
- private:
-  std::atomic<std::int64_t> offset_ms_{0};
 };
 
 /**
