@@ -13,8 +13,11 @@
 // opened once per process and warmed up before it is timed, the gate's and the baselines' alike.
 //
 // Flags: --pg=URI (required), --events=N per latency run, --worker-events=N per thread,
-// --warm-up-ms=N of untimed events before any benchmark,
-// --growth-table=NAME; plus Google Benchmark's own (--benchmark_filter, --benchmark_out, ...).
+// --warm-up-ms=N of untimed events before any benchmark, --warm-up-events=N untimed events at
+// the start of each latency run (default 6), --transaction-log=FILE to log every event of the
+// latency runs as pgbench's --log does (scripts/bench compares the gate with pgbench from those
+// raw latencies), --growth-table=NAME; plus Google Benchmark's own (--benchmark_filter,
+// --benchmark_out, ...).
 
 #include "postgres_workload.hpp"
 
@@ -322,8 +325,9 @@ void reserve_only(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const idemgate::bench::Flags flags(
-      argc, argv, {"pg", "events", "worker-events", "growth-table", "warm-up-ms"});
+  const idemgate::bench::Flags flags(argc, argv,
+                                     {"pg", "events", "worker-events", "growth-table", "warm-up-ms",
+                                      "warm-up-events", "transaction-log"});
   settings.uri = flags.text("pg");
   if (settings.uri.empty()) {
     std::cerr << "bench_postgres: pass --pg=postgresql://user@127.0.0.1:PORT/db (scripts/bench "
@@ -333,6 +337,16 @@ int main(int argc, char** argv) {
   settings.events = flags.count("events", settings.events);
   settings.worker_events = flags.count("worker-events", settings.worker_events);
   settings.growth_table = flags.text("growth-table");
+  idemgate::bench::warm_up =
+      static_cast<int>(flags.count("warm-up-events", idemgate::bench::warm_up));
+  if (const std::string log = flags.text("transaction-log"); !log.empty()) {
+    try {
+      idemgate::bench::transaction_log.open(log);
+    } catch (const std::exception& e) {
+      std::cerr << "bench_postgres: " << e.what() << '\n';
+      return 2;
+    }
+  }
   if (const auto ms = flags.count("warm-up-ms", 0); ms > 0) {
     try {
       warm_up_process(std::chrono::milliseconds(ms));
