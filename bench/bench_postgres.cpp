@@ -207,8 +207,10 @@ class BareInsert {
 };
 
 // What a careful programmer writes without the library: the same prepared statements, the same
-// parameters, the same two transactions (the reservation in autocommit, then BEGIN / fenced
-// UPDATE / business INSERT / COMMIT), on one connection of the same driver kept for the process.
+// parameters, the same two transactions (the reservation in autocommit, then BEGIN / business
+// INSERT / fenced UPDATE / COMMIT, in the gate's order), on one connection of the same driver
+// kept for the process. The gate sends its fenced update unprepared through libpqxx's checked
+// path; the hand loop prepares it.
 class HandLoop {
  public:
   HandLoop() : connection_(settings.uri) {
@@ -227,18 +229,19 @@ class HandLoop {
     std::int64_t fence = 0;
     {
       pqxx::nontransaction tx(connection_);
-      const pqxx::result rows = idemgate::detail::pq::exec_prepared(
-          tx, "idemgate_reserve", key_param, fingerprint_param, request_param_, lease_ms_);
+      const pqxx::result rows =
+          idemgate::detail::pq::exec_prepared(tx, "idemgate_reserve", key_param, fingerprint_param,
+                                              request_param_, lease_ms_, ++holder_);
       if (rows.empty() || !idemgate::detail::pq::bool_field(rows[0][0]))
         throw std::runtime_error("the hand loop met an existing key");
       fence = idemgate::detail::pq::int_field(rows[0][1]);
     }
     pqxx::work tx(connection_);
+    pg::write_business(tx, key, idemgate::bench::outcome());
     const pqxx::result updated =
         idemgate::detail::pq::exec_prepared(tx, "idemgate_commit", key_param, fence, result_param_);
     if (idemgate::detail::pq::affected_rows(updated) != 1)
       throw std::runtime_error("the hand loop lost a fence");
-    pg::write_business(tx, key, idemgate::bench::outcome());
     tx.commit();
   }
 
@@ -248,6 +251,8 @@ class HandLoop {
   const std::string request_param_ = pg::bytea_text(request_);
   const std::string result_param_ = pg::bytea_text(pg::outcome_bytes());
   const std::int64_t lease_ms_ = pg::lease_ms();
+  // This attempt's holder token: any non-zero number the loop has not used.
+  std::int64_t holder_ = 0;
 };
 
 BareInsert& bare() {
