@@ -13,8 +13,11 @@
 // opened once per process and warmed up before it is timed, the gate's and the baselines' alike.
 //
 // Flags: --pg=URI (required), --events=N per latency run, --worker-events=N per thread,
-// --warm-up-ms=N of untimed events before any benchmark,
-// --growth-table=NAME; plus Google Benchmark's own (--benchmark_filter, --benchmark_out, ...).
+// --warm-up-ms=N of untimed events before any benchmark, --warm-up-events=N untimed events at
+// the start of each latency run (default 6), --transaction-log=FILE to log every event of the
+// latency runs as pgbench's --log does (scripts/bench compares the gate with pgbench from those
+// raw latencies), --growth-table=NAME; plus Google Benchmark's own (--benchmark_filter,
+// --benchmark_out, ...).
 
 #include "postgres_workload.hpp"
 
@@ -204,8 +207,10 @@ class BareInsert {
 };
 
 // What a careful programmer writes without the library: the same prepared statements, the same
-// parameters, the same two transactions (the reservation in autocommit, then BEGIN / fenced
-// UPDATE / business INSERT / COMMIT), on one connection of the same driver kept for the process.
+// parameters, the same two transactions (the reservation in autocommit, then BEGIN / business
+// INSERT / fenced UPDATE / COMMIT, in the gate's order), on one connection of the same driver
+// kept for the process. The gate sends its fenced update unprepared through libpqxx's checked
+// path; the hand loop prepares it.
 class HandLoop {
  public:
   HandLoop() : connection_(settings.uri) {
@@ -224,18 +229,19 @@ class HandLoop {
     std::int64_t fence = 0;
     {
       pqxx::nontransaction tx(connection_);
-      const pqxx::result rows = idemgate::detail::pq::exec_prepared(
-          tx, "idemgate_reserve", key_param, fingerprint_param, request_param_, lease_ms_);
+      const pqxx::result rows =
+          idemgate::detail::pq::exec_prepared(tx, "idemgate_reserve", key_param, fingerprint_param,
+                                              request_param_, lease_ms_, ++holder_);
       if (rows.empty() || !idemgate::detail::pq::bool_field(rows[0][0]))
         throw std::runtime_error("the hand loop met an existing key");
       fence = idemgate::detail::pq::int_field(rows[0][1]);
     }
     pqxx::work tx(connection_);
+    pg::write_business(tx, key, idemgate::bench::outcome());
     const pqxx::result updated =
         idemgate::detail::pq::exec_prepared(tx, "idemgate_commit", key_param, fence, result_param_);
     if (idemgate::detail::pq::affected_rows(updated) != 1)
       throw std::runtime_error("the hand loop lost a fence");
-    pg::write_business(tx, key, idemgate::bench::outcome());
     tx.commit();
   }
 
@@ -245,6 +251,8 @@ class HandLoop {
   const std::string request_param_ = pg::bytea_text(request_);
   const std::string result_param_ = pg::bytea_text(pg::outcome_bytes());
   const std::int64_t lease_ms_ = pg::lease_ms();
+  // This attempt's holder token: any non-zero number the loop has not used.
+  std::int64_t holder_ = 0;
 };
 
 BareInsert& bare() {
@@ -322,8 +330,9 @@ void reserve_only(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const idemgate::bench::Flags flags(
-      argc, argv, {"pg", "events", "worker-events", "growth-table", "warm-up-ms"});
+  const idemgate::bench::Flags flags(argc, argv,
+                                     {"pg", "events", "worker-events", "growth-table", "warm-up-ms",
+                                      "warm-up-events", "transaction-log"});
   settings.uri = flags.text("pg");
   if (settings.uri.empty()) {
     std::cerr << "bench_postgres: pass --pg=postgresql://user@127.0.0.1:PORT/db (scripts/bench "
@@ -333,6 +342,16 @@ int main(int argc, char** argv) {
   settings.events = flags.count("events", settings.events);
   settings.worker_events = flags.count("worker-events", settings.worker_events);
   settings.growth_table = flags.text("growth-table");
+  idemgate::bench::warm_up =
+      static_cast<int>(flags.count("warm-up-events", idemgate::bench::warm_up));
+  if (const std::string log = flags.text("transaction-log"); !log.empty()) {
+    try {
+      idemgate::bench::transaction_log.open(log);
+    } catch (const std::exception& e) {
+      std::cerr << "bench_postgres: " << e.what() << '\n';
+      return 2;
+    }
+  }
   if (const auto ms = flags.count("warm-up-ms", 0); ms > 0) {
     try {
       warm_up_process(std::chrono::milliseconds(ms));

@@ -195,7 +195,7 @@ void gated_event(benchmark::State& state) {
 
 // The statements the store runs for one first delivery, in order, as SQLite saw them.
 struct Captured {
-  std::string begin, reserve, end, commit;
+  std::string begin, reserve, end, commit, check;
 };
 
 int record_statement(unsigned type, void* context, void* statement, void*) {
@@ -224,18 +224,20 @@ Captured capture_statements(Shared& s) {
   seen.clear();
   expect_processed(gate.process(keys.next("bench.sqlite.capture"), idemgate::bench::request()));
   sqlite3_trace_v2(traced, 0, nullptr, nullptr);
-  const bool expected_shape = seen.size() == 7 && seen[0] == seen[3] && seen[2] == seen[6] &&
+  // After the business write the store reads its own row back (the write must not have ended
+  // or replaced the transaction); the hand loop runs that statement too.
+  const bool expected_shape = seen.size() == 8 && seen[0] == seen[3] && seen[2] == seen[7] &&
                               seen[0].starts_with("BEGIN") && seen[2] == "COMMIT" &&
-                              seen[5] == business_sql;
+                              seen[5] == business_sql && seen[6].starts_with("SELECT count(*)");
   if (!expected_shape) {
     std::string list;
     for (const auto& sql : seen) list += "\n  " + sql;
     throw std::runtime_error(
         "the SQLite store no longer runs BEGIN / reserve / COMMIT / BEGIN / commit / business / "
-        "COMMIT for a first delivery; update the hand loop to what it runs now:" +
+        "check / COMMIT for a first delivery; update the hand loop to what it runs now:" +
         list);
   }
-  return {seen[0], seen[1], seen[2], seen[4]};
+  return {seen[0], seen[1], seen[2], seen[4], seen[6]};
 }
 
 std::int64_t now_micros() {
@@ -262,6 +264,7 @@ class HandLoop {
     reserve_.reset();
     end_.reset();
     commit_.reset();
+    check_.reset();
     business_ = BusinessWrite();
     sqlite3_close_v2(db_);
   }
@@ -295,6 +298,13 @@ class HandLoop {
     commit_->run();
     if (sqlite3_changes(db_) != 1) throw std::runtime_error("the hand loop lost a fence");
     business_.write(db_, key, idemgate::bench::outcome());
+    sqlite3_stmt* k = check_->get();
+    bind_blob(k, 1, key.view());
+    sqlite3_bind_int64(k, 2, fence);
+    sqlite3_bind_int64(k, 3, committed_at);
+    const bool written = check_->step() && sqlite3_column_int64(k, 0) == 1;
+    check_->reset();
+    if (!written) throw std::runtime_error("the hand loop's row was not as written");
     end_->run();
   }
 
@@ -309,6 +319,7 @@ class HandLoop {
     reserve_ = std::make_unique<Statement>(db_, sql_.reserve);
     end_ = std::make_unique<Statement>(db_, sql_.end);
     commit_ = std::make_unique<Statement>(db_, sql_.commit);
+    check_ = std::make_unique<Statement>(db_, sql_.check);
   }
 
   // Checks one event's row against what the gate would have stored.
@@ -324,7 +335,7 @@ class HandLoop {
 
   Captured sql_;
   sqlite3* db_ = nullptr;
-  std::unique_ptr<Statement> begin_, reserve_, end_, commit_;
+  std::unique_ptr<Statement> begin_, reserve_, end_, commit_, check_;
   BusinessWrite business_;
   std::string request_ = idemgate::bench::request();
   std::string result_ = idemgate::bench::outcome();

@@ -94,6 +94,9 @@ class Latencies {
     samples_.push_back(clock::now() - started);
   }
 
+  /// The last sample taken.
+  [[nodiscard]] clock::duration last() const { return samples_.back(); }
+
   /// The `p`-th percentile (nearest rank) in microseconds, each sample divided by `per`.
   [[nodiscard]] double percentile_us(double p, double per = 1.0) {
     if (samples_.empty()) return 0.0;
@@ -115,19 +118,64 @@ class Latencies {
 };
 
 /// Untimed events every latency benchmark runs first: PostgreSQL plans a prepared statement
-/// afresh for its first five executions, and no run should measure a cold connection.
-inline constexpr int warm_up = 6;
+/// afresh for its first five executions, and no run should measure a cold connection. A
+/// program may change it before its benchmarks run (bench_postgres --warm-up-events).
+inline int warm_up = 6;
 
-/// Times `event(key)` once per iteration, each on a new key, after `warm_up` untimed events;
-/// reports the percentiles.
+/// Each event `timed_events` runs, one line per event in the form of pgbench's `--log`
+/// (`client_id transaction_no time_us script_no time_epoch time_us`, transactions numbered from
+/// 1 as pgbench numbers them), warm-up events included and numbered first, so that scripts/bench
+/// computes the gate's percentiles and pgbench's from the same raw latencies with the same code.
+/// Like pgbench, the line goes into stdio's buffer after the event, outside its timed span.
+class TransactionLog {
+ public:
+  TransactionLog() = default;
+  TransactionLog(const TransactionLog&) = delete;
+  TransactionLog& operator=(const TransactionLog&) = delete;
+  ~TransactionLog() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  /// Starts writing to `path` (truncated); throws when it cannot be opened.
+  void open(const std::string& path) {
+    file_ = std::fopen(path.c_str(), "w");
+    if (file_ == nullptr) throw std::runtime_error("cannot write the transaction log " + path);
+  }
+
+  /// Logs the next event's latency; nothing when no log was opened.
+  void write(std::chrono::steady_clock::duration latency) {
+    if (file_ == nullptr) return;
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    const auto epoch_us = std::chrono::duration_cast<std::chrono::microseconds>(now).count();
+    std::fprintf(file_, "0 %lld %lld 0 %lld %lld\n", static_cast<long long>(++next_),
+                 static_cast<long long>(
+                     std::chrono::duration_cast<std::chrono::microseconds>(latency).count()),
+                 static_cast<long long>(epoch_us / 1'000'000),
+                 static_cast<long long>(epoch_us % 1'000'000));
+  }
+
+ private:
+  std::FILE* file_ = nullptr;
+  std::int64_t next_ = 0;
+};
+
+/// The log `timed_events` writes to, when a program opens it.
+inline TransactionLog transaction_log;
+
+/// Times `event(key)` once per iteration, each on a new key derived inside the timed span (as
+/// a consumer derives it per event), after `warm_up` untimed events; reports the percentiles.
 template <class Event>
 void timed_events(benchmark::State& state, std::string_view scope, Event&& event) {
   KeySource keys;
-  for (int i = 0; i < warm_up; ++i) event(keys.next(scope));
+  for (int i = 0; i < warm_up; ++i) {
+    const auto started = Latencies::clock::now();
+    event(keys.next(scope));
+    transaction_log.write(Latencies::clock::now() - started);
+  }
   Latencies latencies(static_cast<std::size_t>(state.max_iterations));
   for (auto _ : state) {
-    const Key key = keys.next(scope);
-    latencies.time([&] { event(key); });
+    latencies.time([&] { event(keys.next(scope)); });
+    transaction_log.write(latencies.last());
   }
   latencies.report(state);
 }

@@ -1,8 +1,8 @@
 // Prints the pgbench baseline generated from the store's own statements, so the database's
 // ceiling is always measured on exactly the SQL the gate sends.
 //
-//   pgbench_script event      one gated event: the reservation (autocommit), then BEGIN / fenced
-//                             UPDATE / business INSERT / COMMIT
+//   pgbench_script event      one gated event: the reservation (autocommit), then BEGIN /
+//                             business INSERT / fenced UPDATE / COMMIT, in the gate's order
 //   pgbench_script bare       the business INSERT alone in its own transaction
 //   pgbench_script defines    the -D options both scripts need, one per line
 //   pgbench_script schema     the SQL that creates the log and the business table
@@ -60,19 +60,23 @@ std::string key_lines() {
 // The parameters are those PostgresStore::reserve and ::commit bind, in their order.
 std::string event_script() {
   const auto sql = idemgate::PostgresStore::statements(pg::log_table);
+  // The holder token only has to be non-zero and this attempt's own: the transaction's number.
   const std::string reserve = with_variables(
-      sql.reserve, {{1, key_expression}, {2, ":fingerprint"}, {3, ":request"}, {4, ":lease_ms"}});
+      sql.reserve,
+      {{1, key_expression}, {2, ":fingerprint"}, {3, ":request"}, {4, ":lease_ms"}, {5, ":n"}});
   const std::string commit =
       with_variables(sql.commit, {{1, key_expression}, {2, ":fence"}, {3, ":result"}});
   const std::string business =
       with_variables(pg::business_insert_sql(), {{1, key_expression}, {2, ":outcome"}});
   // The reservation's result columns are unnamed, so pgbench cannot keep its fence (\gset);
   // every key is new, so the fence is always the first one, 1, as the gate would pass it.
+  // The gate runs the business write first and the fenced update last (it sends the update
+  // unprepared, with literals, through libpqxx's checked path); pgbench prepares every statement.
   return "-- One gated event, generated from PostgresStore::statements(\"" + pg::log_table +
          "\").\n" + key_lines() + "-- The reservation, in autocommit.\n" + reserve + ";\n" +
-         "-- The commit: fenced status update and business write in one transaction.\n"
+         "-- The commit: business write and fenced status update in one transaction.\n"
          "BEGIN;\n" +
-         commit + ";\n" + business + ";\nCOMMIT;\n";
+         business + ";\n" + commit + ";\nCOMMIT;\n";
 }
 
 std::string bare_script() {
