@@ -622,30 +622,6 @@ class MemoryEnv {
 };
 
 #if IDEMGATE_TEST_SQLITE
-/// A fresh directory, in memory where the system has /dev/shm (the schedules test interleavings,
-/// not the disk's fsync), removed with everything in it.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const std::filesystem::path base = std::filesystem::is_directory("/dev/shm")
-                                           ? std::filesystem::path("/dev/shm")
-                                           : std::filesystem::temp_directory_path();
-    std::string pattern = (base / "idemgate-interleavings-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  ~ScratchDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
 /// SqliteStore on a file, on a manual clock. Its commit holds the write lock from the fenced
 /// update through the business write, so nothing can interleave inside it: workers are held
 /// before their commits instead.
@@ -679,7 +655,7 @@ class SqliteEnv {
   }
 
  private:
-  ScratchDir dir_;
+  idemgate::test::sqlite::TempDir dir_{idemgate::test::sqlite::TempDir::Where::memory};
   std::string path_ = dir_.file("interleavings.db");
   idemgate::testing::ManualClock clock_;
   Store store_{path_, {.busy_timeout = 20s, .clock = clock_.fn()}};

@@ -26,12 +26,19 @@ using idemgate::SqliteStore;
 using idemgate::SqliteTransaction;
 using namespace std::chrono_literals;
 
-/// A fresh temp directory, removed with everything in it.
+/// A fresh temp directory, removed with everything in it; in memory (/dev/shm, where the system
+/// has it) when the test is about interleavings, not about the disk's fsync.
 class TempDir {
  public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "idemgate-sqlite-XXXXXX").string();
+  /// Where the directory lives.
+  enum class Where { disk, memory };
+
+  explicit TempDir(Where where = Where::disk) {
+    const std::filesystem::path base =
+        where == Where::memory && std::filesystem::is_directory("/dev/shm")
+            ? std::filesystem::path("/dev/shm")
+            : std::filesystem::temp_directory_path();
+    std::string pattern = (base / "idemgate-sqlite-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
     path_ = pattern;
   }
