@@ -280,9 +280,13 @@ class Gate {
     return BatchResult<outcome_type>(std::move(items));
   }
 
+  // --- The last steps of `process`, public for the reconciler (which finishes a stranded event
+  // under the fence its pass took) and for tests that play a worker resuming late. An
+  // application calls `process`, `process_batch` or `resolve` instead. ---
+
   /// Stores the downstream's answer under a fence this caller holds: commits an outcome with the
   /// business write, stores a permanent failure, or releases the key after a transient one.
-  /// `process` and the reconciler both end here.
+  /// `process` and the reconciler both end here. For the reconciler; applications call `process`.
   result_type finish(const Key& key, std::int64_t fence, const request_type& request,
                      const ClaimResult<outcome_type>& answer) {
     if (answer.ok()) return commit(key, fence, request, answer.outcome());
@@ -297,7 +301,7 @@ class Gate {
 
   /// Commits `outcome` and the business write under `fence` in one transaction. When the business
   /// write throws, nothing is committed, the lease is ended at once (the redelivery takes the
-  /// event over) and the exception is rethrown.
+  /// event over) and the exception is rethrown. For the reconciler; applications call `process`.
   result_type commit(const Key& key, std::int64_t fence, const request_type& request,
                      const outcome_type& outcome) {
     std::string outcome_bytes;
@@ -310,7 +314,8 @@ class Gate {
     return result_type::with(Status::processed, outcome);
   }
 
-  /// Runs the business write inside `tx` (the store's commit or resolve transaction).
+  /// Runs the business write inside `tx` (the store's commit or resolve transaction). For the
+  /// stores' commit callbacks; applications call `process`.
   void apply(typename Store::transaction& tx, const Key& key, const request_type& request,
              const outcome_type& outcome) {
     if constexpr (std::invocable<Apply&, typename Store::transaction&, const Key&,
@@ -319,6 +324,8 @@ class Gate {
     else
       std::invoke(apply_, tx, request, outcome);
   }
+
+  // --- The manual queue. ---
 
   /// Up to `limit` escalated events, oldest first: the manual queue.
   std::vector<Record> escalated(std::size_t limit = 100) { return store_.escalated(limit); }
