@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 #include <unordered_set>
 
@@ -102,4 +103,19 @@ TEST(Key, WorksInUnorderedContainers) {
   for (int i = 0; i < 1000; ++i) keys.insert(derive_key("s", std::to_string(i)));
   keys.insert(derive_key("s", "0"));
   EXPECT_EQ(keys.size(), 1000u);
+}
+
+TEST(Key, OrdersByItsBytesLexicographically) {
+  Key::bytes_type low{}, high{};
+  low[0] = 1;
+  low[31] = 0xff;
+  high[0] = 2;  // the first differing byte decides, whatever follows
+  EXPECT_TRUE(Key(low) < Key(high));
+  EXPECT_EQ(Key(high) <=> Key(low), std::strong_ordering::greater);
+  EXPECT_EQ(Key(low) <=> Key(low), std::strong_ordering::equal);
+  high[0] = 1;
+  EXPECT_TRUE(Key(high) < Key(low));  // equal until the last byte
+  std::set<Key> ordered{Key(low), Key(high), Key(low)};
+  EXPECT_EQ(ordered.size(), 2U);
+  EXPECT_EQ(*ordered.begin(), Key(high));
 }

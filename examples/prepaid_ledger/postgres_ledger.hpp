@@ -154,21 +154,21 @@ CREATE INDEX IF NOT EXISTS prepaid_events_account ON prepaid_events (account, re
       if (balance.empty()) return std::nullopt;
       Account out;
       out.balance_cents = pq::int_field(balance[0][0]);
-      for (const pqxx::row& r : pq::exec_params(tx,
-                                                "SELECT debit_id, event_id, message_id, cost_cents"
-                                                " FROM prepaid_debits WHERE account = $1"
-                                                " ORDER BY debit_id",
-                                                account))
+      for (const pq::row& r : pq::exec_params(tx,
+                                              "SELECT debit_id, event_id, message_id, cost_cents"
+                                              " FROM prepaid_debits WHERE account = $1"
+                                              " ORDER BY debit_id",
+                                              account))
         out.debits.push_back(
             {pq::int_field(r[0]), pq::text_field(r[1]), pq::text_field(r[2]), pq::int_field(r[3])});
-      for (const pqxx::row& r : pq::exec_params(tx,
-                                                "SELECT inbox_id, event_id, message_id, sender"
-                                                " FROM prepaid_inbox WHERE account = $1"
-                                                " ORDER BY inbox_id",
-                                                account))
+      for (const pq::row& r : pq::exec_params(tx,
+                                              "SELECT inbox_id, event_id, message_id, sender"
+                                              " FROM prepaid_inbox WHERE account = $1"
+                                              " ORDER BY inbox_id",
+                                              account))
         out.inbox.push_back({pq::int_field(r[0]), pq::text_field(r[1]), pq::text_field(r[2]),
                              pq::text_field(r[3])});
-      for (const pqxx::row& r :
+      for (const pq::row& r :
            pq::exec_params(tx,
                            "SELECT event_id, kind, entry_id, message_id, reused"
                            " FROM prepaid_events WHERE account = $1 ORDER BY recorded_at, event_id",

@@ -69,8 +69,13 @@ class Key {
 
   /// Keys are equal when their bytes are.
   friend constexpr bool operator==(const Key&, const Key&) noexcept = default;
-  /// Keys order by their bytes (for ordered containers).
-  friend constexpr auto operator<=>(const Key&, const Key&) noexcept = default;
+  /// Keys order by their bytes, lexicographically (for ordered containers). Written out: not
+  /// every standard library gives `std::array` a three-way comparison yet (libc++ 16 does not).
+  friend constexpr std::strong_ordering operator<=>(const Key& a, const Key& b) noexcept {
+    for (std::size_t i = 0; i < size; ++i)
+      if (a.bytes_[i] != b.bytes_[i]) return a.bytes_[i] <=> b.bytes_[i];
+    return std::strong_ordering::equal;
+  }
 
  private:
   bytes_type bytes_{};

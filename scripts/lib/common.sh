@@ -8,6 +8,7 @@ IDEMGATE_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   postgresql postgresql-contrib
   clang libclang-rt-14-dev
+  clang-16 libc++-16-dev libc++abi-16-dev
   prometheus doxygen
   spin patch
 )

@@ -579,3 +579,62 @@ TEST(PostgresStore, MissingTableSaysToMigrate) {
     EXPECT_NE(std::string(e.what()).find("migrate()"), std::string::npos) << e.what();
   }
 }
+
+namespace {
+
+// The statements the store's (only) connection has prepared on the server, by name.
+std::vector<std::string> prepared_on_the_server(PostgresStore& store) {
+  auto lease = store.connection();
+  pqxx::nontransaction tx(lease.connection());
+  std::vector<std::string> names;
+  for (const pq::row& row : pq::exec(tx, "SELECT name FROM pg_prepared_statements ORDER BY name"))
+    names.push_back(pq::text_field(row[0]));
+  return names;
+}
+
+}  // namespace
+
+// libpqxx 7 and 8 prepare on the server when asked, 6.4 at first use: the store asks only right
+// before a statement's first use on a connection, so migrate() on a new database works and
+// every version prepares the same statements at the same moment.
+TEST_F(PostgresGate, StatementsArePreparedPerConnectionAtTheirFirstUse) {
+  PostgresStore store(uri, {.table = log, .pool_size = 1});
+  store.migrate();
+  EXPECT_TRUE(prepared_on_the_server(store).empty());
+  const Key key = idemgate::derive_key("prepare", "lazily");
+  EXPECT_FALSE(store.find(key).has_value());
+  EXPECT_EQ(prepared_on_the_server(store), std::vector<std::string>{"idemgate_find"});
+  (void)store.reserve(key, idemgate::detail::sha256("request"), "request", 1min);
+  EXPECT_TRUE(store.find(key).has_value());
+  EXPECT_EQ(prepared_on_the_server(store),
+            (std::vector<std::string>{"idemgate_find", "idemgate_reserve"}));
+}
+
+// A statement that failed for a missing or outdated table is reported the same way on every
+// version, and prepared again at its next use once migrate() ran, on the same connection.
+TEST_F(PostgresGate, MissingOrOutdatedTableSaysToMigrateThenTheSameConnectionWorks) {
+  PostgresStore store(uri, {.table = log, .pool_size = 1});
+  const Key key = idemgate::derive_key("prepare", "again");
+  try {
+    (void)store.find(key);
+    FAIL() << "a missing table must be reported";
+  } catch (const idemgate::StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not exist; call PostgresStore::migrate()"),
+              std::string::npos)
+        << e.what();
+  }
+  store.migrate();
+  pg_exec("ALTER TABLE " + log + " DROP COLUMN attempts");
+  try {
+    (void)store.reserve(key, idemgate::detail::sha256("request"), "request", 1min);
+    FAIL() << "an outdated table must be reported";
+  } catch (const idemgate::StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("older version; call PostgresStore::migrate()"),
+              std::string::npos)
+        << e.what();
+  }
+  store.migrate();
+  EXPECT_EQ(store.reserve(key, idemgate::detail::sha256("request"), "request", 1min).kind,
+            idemgate::Reservation::Kind::acquired);
+  EXPECT_TRUE(store.find(key).has_value());
+}

@@ -217,7 +217,7 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
   /// Fences read now are at least the ones read before.
   void check_fences(const char* stage) {
     const pqxx::result rows = pg_exec("SELECT encode(key, 'hex'), fence FROM " + log);
-    for (const pqxx::row& row : rows) {
+    for (const pq::row& row : rows) {
       const std::string key = row[0].c_str();
       const std::int64_t fence = pq::int_field(row[1]);
       auto [it, fresh] = fences_.try_emplace(key, fence);

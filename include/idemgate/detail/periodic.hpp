@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
-#include <stop_token>
 #include <thread>
 #include <utility>
 
@@ -27,14 +26,17 @@ class PeriodicWorker {
   void start(std::chrono::milliseconds interval, std::function<void()> pass) {
     std::lock_guard lock(control_);
     if (thread_.joinable()) return;
-    thread_ = std::jthread([this, interval, pass = std::move(pass)](std::stop_token stop) {
-      std::mutex sleep_mutex;
-      while (!stop.stop_requested()) {
+    stopping_ = false;  // no thread runs: nothing else reads it now
+    // std::thread and a flag, not std::jthread: some standard libraries (libc++ 16) lack it.
+    thread_ = std::thread([this, interval, pass = std::move(pass)] {
+      std::unique_lock state(state_);
+      while (!stopping_) {
+        state.unlock();
         pass();
-        std::unique_lock sleep_lock(sleep_mutex);
+        state.lock();
         // wait_for would add `interval` to the clock unchecked and overflow for huge ones.
         const auto deadline = saturating_add(std::chrono::steady_clock::now(), interval);
-        wake_.wait_until(sleep_lock, stop, deadline, [] { return false; });
+        wake_.wait_until(state, deadline, [this] { return stopping_; });
       }
     });
   }
@@ -43,15 +45,20 @@ class PeriodicWorker {
   void stop() {
     std::lock_guard lock(control_);
     if (!thread_.joinable()) return;
-    thread_.request_stop();
+    {
+      std::lock_guard state(state_);
+      stopping_ = true;
+    }
     wake_.notify_all();
     thread_.join();
   }
 
  private:
-  std::mutex control_;
-  std::condition_variable_any wake_;
-  std::jthread thread_;
+  std::mutex control_;  // serialises start and stop
+  std::mutex state_;    // guards stopping_
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
 };
 
 }  // namespace idemgate::detail

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -121,8 +122,8 @@ inline std::int64_t sql_micros(std::chrono::system_clock::time_point at) {
 
 /// A libpqxx row as `to_record` and `signals_from` read it.
 struct PqRow {
-  /// The row.
-  const pqxx::row& row;
+  /// The row (a lightweight reference into its result on libpqxx 8, a row before).
+  pq::row row;
   /// Whether column `column` is NULL.
   [[nodiscard]] bool is_null(int column) const { return row[column].is_null(); }
   /// Column `column` as an integer.
@@ -135,6 +136,23 @@ struct PqRow {
 static_assert(log_row<PqRow>);
 
 }  // namespace detail
+
+/**
+ * Runs one parameterised statement in a business write's transaction (`PostgresStore::transaction`,
+ * or any libpqxx transaction): `$1`, `$2`, … take `args` in order, converted as libpqxx converts
+ * them (strings, integers, floating point, bool, `std::optional` for NULL from 7.x on). Returns
+ * the result.
+ *
+ * The same call on every libpqxx this store supports: `tx.exec_params` is deprecated from 7.10
+ * on, and `tx.exec(sql, pqxx::params{...})` does not exist in 6.4.
+ *
+ * Example:
+ *   idemgate::exec_params(tx, "INSERT INTO tms_bookings VALUES ($1, $2)", container, slot);
+ */
+template <class Transaction, class... Args>
+pqxx::result exec_params(Transaction& tx, const std::string& sql, Args&&... args) {
+  return detail::pq::exec_params(tx, sql, std::forward<Args>(args)...);
+}
 
 /**
  * The production store: an idempotency log in PostgreSQL, through libpqxx.
@@ -241,8 +259,8 @@ class PostgresStore {
 
   /// Creates the table and index if missing. Idempotent and safe from several processes at once.
   void migrate() {
-    run([&](pqxx::connection& c) {
-      pqxx::work tx(c);
+    run([&](Lease& c) {
+      pqxx::work tx(c.connection());
       // Serialises concurrent migrations: CREATE ... IF NOT EXISTS alone can race.
       detail::pq::exec(tx, "SELECT pg_advisory_xact_lock(7158029411)");
       detail::pq::exec(tx, schema_sql(table_));
@@ -268,13 +286,13 @@ class PostgresStore {
     // snapshot: the insert then does nothing and the read sees nothing. A new statement has a
     // new snapshot, so the loop ends as soon as the row is visible.
     for (int attempt = 0; attempt < 32; ++attempt) {
-      pqxx::result rows = run_on(reservation_pool(), [&](pqxx::connection& c) {
-        pqxx::nontransaction tx(c);
-        return detail::pq::exec_prepared(tx, "idemgate_reserve", key_param, fingerprint_param,
-                                         request_param, lease_ms, holder);
+      pqxx::result rows = run_on(reservation_pool(), [&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
+        return exec_prepared(c, tx, Statement::reserve, key_param, fingerprint_param, request_param,
+                             lease_ms, holder);
       });
       if (rows.empty()) continue;
-      const pqxx::row row = rows[0];
+      const detail::pq::row row = rows[0];
       const std::int64_t fence = detail::pq::int_field(row[1]);
       if (detail::pq::bool_field(row[0])) return Reservation::acquired(fence);
       Reservation found =
@@ -286,10 +304,9 @@ class PostgresStore {
       const bool lease_live = detail::pq::bool_field(row[4]);
       if (found.status == RecordStatus::in_flight && found.same_request && !lease_live) {
         tried_takeover = true;
-        pqxx::result taken = run_on(reservation_pool(), [&](pqxx::connection& c) {
-          pqxx::nontransaction tx(c);
-          return detail::pq::exec_prepared(tx, "idemgate_take_over", key_param, fence, lease_ms,
-                                           holder);
+        pqxx::result taken = run_on(reservation_pool(), [&](Lease& c) {
+          pqxx::nontransaction tx(c.connection());
+          return exec_prepared(c, tx, Statement::take_over, key_param, fence, lease_ms, holder);
         });
         if (!taken.empty()) return Reservation::taken_over(detail::pq::int_field(taken[0][0]));
         // Another worker took it over first, or this attempt's own takeover landed and its reply
@@ -312,25 +329,25 @@ class PostgresStore {
                       BusinessWrite&& business) {
     const std::string key_param = detail::pq::bytea_param(key.view());
     const std::string update = fenced_update_sql(key, fence, result);
-    return with_commit_retries(key, [&](pqxx::connection& c, int attempt) -> CommitStatus {
+    return with_commit_retries(key, [&](Lease& c, int attempt) -> CommitStatus {
       if (attempt > 1) {
         // The previous attempt's COMMIT may have landed before its connection broke: find out
         // first, so that the business write never runs twice for one fence.
-        pqxx::nontransaction check(c);
-        if (const auto settled = settled_state(check, key_param, fence, RecordStatus::committed))
+        pqxx::nontransaction check(c.connection());
+        if (const auto settled = settled_state(c, check, key_param, fence, RecordStatus::committed))
           return *settled;
       }
-      pqxx::work tx(c);
+      pqxx::work tx(c.connection());
       // The business write goes first and the fenced update last, sent so that libpqxx checks
       // the transaction is still open: a business write that swallowed an SQL error, or ended
       // the transaction itself, is caught here instead of its statements and the status
       // committing apart.
-      business(tx);
+      run_business_write(key, [&] { business(tx); });
       const pqxx::result updated = fenced_update(tx, update, key);
       if (detail::pq::affected_rows(updated) == 0) {
         tx.abort();
-        pqxx::nontransaction check(c);
-        return settled_earlier(check, key_param, fence, RecordStatus::committed);
+        pqxx::nontransaction check(c.connection());
+        return settled_earlier(c, check, key_param, fence, RecordStatus::committed);
       }
       tx.commit();
       return CommitStatus::committed;
@@ -339,12 +356,12 @@ class PostgresStore {
 
   /// Stores a permanent failure, only if `fence` still holds.
   CommitStatus fail(const Key& key, std::int64_t fence, std::string_view reason) {
-    return settle("idemgate_fail", key, fence, reason, RecordStatus::failed);
+    return settle(Statement::fail, key, fence, reason, RecordStatus::failed);
   }
 
   /// Parks the key for a human, only if `fence` still holds.
   CommitStatus escalate(const Key& key, std::int64_t fence, std::string_view reason) {
-    return settle("idemgate_escalate", key, fence, reason, RecordStatus::escalated);
+    return settle(Statement::escalate, key, fence, reason, RecordStatus::escalated);
   }
 
   /// Gives back an in-flight reservation this caller holds after a transient failure: its lease
@@ -357,10 +374,10 @@ class PostgresStore {
   bool release(const Key& key, std::int64_t fence, std::string_view reason) {
     const std::string key_param = detail::pq::bytea_param(key.view());
     const std::string reason_text(reason);
-    return run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return detail::pq::affected_rows(detail::pq::exec_prepared(tx, "idemgate_release", key_param,
-                                                                 fence, reason_text)) > 0;
+    return run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return detail::pq::affected_rows(
+                 exec_prepared(c, tx, Statement::release, key_param, fence, reason_text)) > 0;
     });
   }
 
@@ -377,10 +394,10 @@ class PostgresStore {
     const std::string key_array = detail::pq::bytea_array_param(keys);
     const std::string fence_array = detail::pq::bigint_array_param(fences);
     const std::int64_t lease_ms = detail::sql_duration<std::chrono::milliseconds>(lease);
-    return run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
+    return run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
       return static_cast<std::size_t>(detail::pq::affected_rows(
-          detail::pq::exec_prepared(tx, "idemgate_extend", key_array, fence_array, lease_ms)));
+          exec_prepared(c, tx, Statement::extend, key_array, fence_array, lease_ms)));
     });
   }
 
@@ -389,10 +406,10 @@ class PostgresStore {
   /// returns its original outcome if it had one). Returns 1, or 0 when the key is not failed.
   std::size_t redrive_failed(const Key& key) {
     const std::string key_param = detail::pq::bytea_param(key.view());
-    return run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return static_cast<std::size_t>(detail::pq::affected_rows(
-          detail::pq::exec_prepared(tx, "idemgate_redrive_key", key_param)));
+    return run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return static_cast<std::size_t>(
+          detail::pq::affected_rows(exec_prepared(c, tx, Statement::redrive_key, key_param)));
     });
   }
 
@@ -400,20 +417,20 @@ class PostgresStore {
   /// example every event an expired credential failed.
   std::size_t redrive_failed(std::chrono::system_clock::time_point from,
                              std::chrono::system_clock::time_point to, std::size_t limit) {
-    return run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
+    return run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
       return static_cast<std::size_t>(detail::pq::affected_rows(
-          detail::pq::exec_prepared(tx, "idemgate_redrive_range", detail::sql_micros(from),
-                                    detail::sql_micros(to), detail::sql_limit(limit))));
+          exec_prepared(c, tx, Statement::redrive_range, detail::sql_micros(from),
+                        detail::sql_micros(to), detail::sql_limit(limit))));
     });
   }
 
   /// The stored row, if any.
   std::optional<Record> find(const Key& key) {
     const std::string key_param = detail::pq::bytea_param(key.view());
-    pqxx::result rows = run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(tx, "idemgate_find", key_param);
+    pqxx::result rows = run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::find, key_param);
     });
     if (rows.empty()) return std::nullopt;
     return detail::to_record(detail::PqRow{rows[0]});
@@ -427,15 +444,16 @@ class PostgresStore {
     // pass already took come back too (they carry its token), instead of staying in flight
     // under a live lease that nobody works on.
     const std::int64_t holder = detail::new_holder_token();
-    pqxx::result rows = run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(
-          tx, "idemgate_take_stale", detail::sql_duration<std::chrono::milliseconds>(stale_after),
-          detail::sql_limit(limit), detail::sql_duration<std::chrono::milliseconds>(lease), holder);
+    pqxx::result rows = run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::take_stale,
+                           detail::sql_duration<std::chrono::milliseconds>(stale_after),
+                           detail::sql_limit(limit),
+                           detail::sql_duration<std::chrono::milliseconds>(lease), holder);
     });
     std::vector<Stranded> taken;
     taken.reserve(rows.size());
-    for (const pqxx::row& row : rows)
+    for (const detail::pq::row& row : rows)
       taken.push_back({detail::key_from(detail::pq::bytea_field(row[0])),
                        detail::pq::int_field(row[1]), detail::pq::bytea_field(row[2]),
                        detail::pq::int_field(row[3]), detail::pq::text_field(row[4])});
@@ -444,13 +462,13 @@ class PostgresStore {
 
   /// Up to `limit` escalated rows, oldest first.
   std::vector<Record> escalated(std::size_t limit) {
-    pqxx::result rows = run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(tx, "idemgate_escalated", detail::sql_limit(limit));
+    pqxx::result rows = run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::escalated, detail::sql_limit(limit));
     });
     std::vector<Record> parked;
     parked.reserve(rows.size());
-    for (const pqxx::row& row : rows) parked.push_back(detail::to_record(detail::PqRow{row}));
+    for (const detail::pq::row& row : rows) parked.push_back(detail::to_record(detail::PqRow{row}));
     return parked;
   }
 
@@ -464,18 +482,19 @@ class PostgresStore {
         ", updated_at = now() WHERE key = " + detail::pq::bytea_literal(key.view()) +
         " AND status = 'escalated'";
     const std::string key_param = detail::pq::bytea_param(key.view());
-    return with_commit_retries(key, [&](pqxx::connection& c, int attempt) {
+    return with_commit_retries(key, [&](Lease& c, int attempt) {
       if (attempt > 1) {
         // The previous attempt's COMMIT may have landed: never run the business write twice.
-        pqxx::nontransaction check(c);
-        const pqxx::result rows = detail::pq::exec_prepared(check, "idemgate_find", key_param);
+        pqxx::nontransaction check(c.connection());
+        const pqxx::result rows = exec_prepared(c, check, Statement::find, key_param);
         if (rows.empty()) return false;
         const Record row = detail::to_record(detail::PqRow{rows[0]});
         if (row.status == RecordStatus::committed) return row.result == result;
         if (row.status != RecordStatus::escalated) return false;
       }
-      pqxx::work tx(c);
-      business(tx);  // first, and the update checked like commit's (see there)
+      pqxx::work tx(c.connection());
+      // First, and checked like commit's (see there).
+      run_business_write(key, [&] { business(tx); });
       const pqxx::result updated = fenced_update(tx, update, key);
       if (detail::pq::affected_rows(updated) == 0) return false;
       tx.commit();
@@ -485,10 +504,10 @@ class PostgresStore {
 
   /// The three signals over the events reserved in the last `window`, in one round trip.
   StoreSignals signals(std::chrono::seconds window) {
-    const pqxx::result rows = run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(tx, "idemgate_signals",
-                                       detail::sql_duration<std::chrono::seconds>(window));
+    const pqxx::result rows = run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::signals,
+                           detail::sql_duration<std::chrono::seconds>(window));
     });
     // The oldest in-flight row comes as its age in seconds.
     return detail::signals_from(detail::PqRow{rows[0]}, window,
@@ -502,22 +521,22 @@ class PostgresStore {
     const std::string stored_param = detail::pq::bytea_param(stored);
     const std::string observed_param = detail::pq::bytea_param(observed);
     const std::string source_text(source);
-    run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(tx, "idemgate_record_mismatch", key_param, stored_param,
-                                       observed_param, source_text);
+    run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::record_mismatch, key_param, stored_param,
+                           observed_param, source_text);
     });
   }
 
   /// Up to `limit` recorded mismatches, newest first.
   std::vector<Mismatch> mismatches(std::size_t limit) {
-    const pqxx::result rows = run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(tx, "idemgate_mismatches", detail::sql_limit(limit));
+    const pqxx::result rows = run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::mismatches, detail::sql_limit(limit));
     });
     std::vector<Mismatch> found;
     found.reserve(rows.size());
-    for (const pqxx::row& row : rows)
+    for (const detail::pq::row& row : rows)
       found.push_back({detail::key_from(detail::pq::bytea_field(row[0])),
                        detail::pq::bytea_field(row[1]), detail::pq::bytea_field(row[2]),
                        detail::pq::text_field(row[3]),
@@ -531,10 +550,10 @@ class PostgresStore {
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
     std::size_t deleted = 0;
     for (;;) {
-      const std::int64_t n = run([&](pqxx::connection& c) {
-        pqxx::nontransaction tx(c);
-        return detail::pq::affected_rows(detail::pq::exec_prepared(
-            tx, "idemgate_purge", detail::sql_duration<std::chrono::seconds>(older_than),
+      const std::int64_t n = run([&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
+        return detail::pq::affected_rows(exec_prepared(
+            c, tx, Statement::purge, detail::sql_duration<std::chrono::seconds>(older_than),
             detail::sql_limit(batch)));
       });
       deleted += static_cast<std::size_t>(n);
@@ -754,15 +773,15 @@ class PostgresStore {
       requests.push_back(item.request);
     }
     const std::int64_t holder = detail::new_holder_token();  // see reserve
-    const pqxx::result rows = run_on(reservation_pool(), [&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(
-          tx, "idemgate_reserve_batch", detail::pq::bytea_array_param(keys),
-          detail::pq::bytea_array_param(fingerprints), detail::pq::bytea_array_param(requests),
-          detail::sql_duration<std::chrono::milliseconds>(lease), holder);
+    const pqxx::result rows = run_on(reservation_pool(), [&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::reserve_batch, detail::pq::bytea_array_param(keys),
+                           detail::pq::bytea_array_param(fingerprints),
+                           detail::pq::bytea_array_param(requests),
+                           detail::sql_duration<std::chrono::milliseconds>(lease), holder);
     });
     std::vector<std::optional<Reservation>> found(items.size());
-    for (const pqxx::row& row : rows) {
+    for (const detail::pq::row& row : rows) {
       const auto index = static_cast<std::size_t>(detail::pq::int_field(row[0]) - 1);
       if (index >= items.size() || row[2].is_null()) continue;
       const std::int64_t fence = detail::pq::int_field(row[2]);
@@ -837,13 +856,12 @@ class PostgresStore {
       {
         auto lease = pool_.acquire();
         try {
-          prepare_once(lease);
           pqxx::work tx(lease.connection());
           // Each business write is followed by its own fenced update, checked like commit's: a
           // business write that breaks the transaction is named, and no later item's write runs
           // outside the transaction.
           for (std::size_t i = 0; i < items.size(); ++i) {
-            business(tx, i);
+            run_business_write(items[i].key, [&] { business(tx, i); });
             const pqxx::result updated = fenced_update(
                 tx, fenced_update_sql(items[i].key, items[i].fence, items[i].result), items[i].key);
             if (detail::pq::affected_rows(updated) == 0) return std::nullopt;  // a fence moved
@@ -870,10 +888,10 @@ class PostgresStore {
       if (!in_doubt) return std::nullopt;
       // The COMMIT may have landed before the connection broke. It is one transaction: all of
       // the batch landed, or none of it did.
-      const std::int64_t landed = run([&](pqxx::connection& c) {
-        pqxx::nontransaction tx(c);
+      const std::int64_t landed = run([&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
         return detail::pq::int_field(
-            detail::pq::exec_prepared(tx, "idemgate_batch_landed", key_array, fence_array)[0][0]);
+            exec_prepared(c, tx, Statement::batch_landed, key_array, fence_array)[0][0]);
       });
       if (landed == static_cast<std::int64_t>(items.size()))
         return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
@@ -895,6 +913,8 @@ class PostgresStore {
   detail::ConnectionPool::Lease connection() { return pool_.acquire(); }
 
  private:
+  using Lease = detail::ConnectionPool::Lease;
+
   detail::ConnectionPool& reservation_pool() { return relaxed_pool_ ? *relaxed_pool_ : pool_; }
 
   // With relaxed reservations, an in-flight row another attempt reserved may not be flushed yet:
@@ -905,48 +925,91 @@ class PostgresStore {
   // every reservation is flushed before its answer: nothing to do.
   void make_durable(const std::string& key_param) {
     if (!relaxed_pool_) return;
-    run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      return detail::pq::exec_prepared(tx, "idemgate_make_durable", key_param);
+    run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::make_durable, key_param);
     });
   }
 
-  // Statements are prepared on a connection's first use, not when it opens: the table may not
-  // exist until migrate() has run.
-  void prepare_once(detail::ConnectionPool::Lease& lease) {
-    if (lease.ready()) return;
-    try {
-      prepare(lease.connection());
-    } catch (...) {
-      // Some statements may be prepared already: start the next checkout on a new connection.
-      lease.mark_broken();
-      throw;
-    }
-    lease.set_ready();
-  }
+  // The statements the store prepares, by number: a connection records which of them it has
+  // prepared (ConnectionPool::Lease::prepared).
+  enum class Statement : std::size_t {
+    reserve,
+    take_over,
+    commit,
+    fail,
+    escalate,
+    release,
+    find,
+    take_stale,
+    escalated,
+    resolve,
+    settled,
+    signals,
+    record_mismatch,
+    mismatches,
+    purge,
+    reserve_batch,
+    extend,
+    make_durable,
+    batch_landed,
+    redrive_key,
+    redrive_range,
+    count
+  };
 
-  void prepare(pqxx::connection& c) {
-    detail::pq::prepare(c, "idemgate_reserve", sql_.reserve);
-    detail::pq::prepare(c, "idemgate_take_over", sql_.take_over);
-    detail::pq::prepare(c, "idemgate_commit", sql_.commit);
-    detail::pq::prepare(c, "idemgate_fail", sql_.fail);
-    detail::pq::prepare(c, "idemgate_escalate", sql_.escalate);
-    detail::pq::prepare(c, "idemgate_release", sql_.release);
-    detail::pq::prepare(c, "idemgate_find", sql_.find);
-    detail::pq::prepare(c, "idemgate_take_stale", sql_.take_stale);
-    detail::pq::prepare(c, "idemgate_escalated", sql_.escalated);
-    detail::pq::prepare(c, "idemgate_resolve", sql_.resolve);
-    detail::pq::prepare(c, "idemgate_settled", sql_.settled);
-    detail::pq::prepare(c, "idemgate_signals", sql_.signals);
-    detail::pq::prepare(c, "idemgate_record_mismatch", sql_.record_mismatch);
-    detail::pq::prepare(c, "idemgate_mismatches", sql_.mismatches);
-    detail::pq::prepare(c, "idemgate_purge", sql_.purge);
-    detail::pq::prepare(c, "idemgate_reserve_batch", sql_.reserve_batch);
-    detail::pq::prepare(c, "idemgate_extend", sql_.extend);
-    detail::pq::prepare(c, "idemgate_make_durable", sql_.make_durable);
-    detail::pq::prepare(c, "idemgate_batch_landed", sql_.batch_landed);
-    detail::pq::prepare(c, "idemgate_redrive_key", sql_.redrive_key);
-    detail::pq::prepare(c, "idemgate_redrive_range", sql_.redrive_range);
+  struct Prepared {
+    const char* name;
+    std::string Statements::*sql;
+  };
+
+  static constexpr Prepared prepared_statements[] = {
+      {"idemgate_reserve", &Statements::reserve},
+      {"idemgate_take_over", &Statements::take_over},
+      {"idemgate_commit", &Statements::commit},
+      {"idemgate_fail", &Statements::fail},
+      {"idemgate_escalate", &Statements::escalate},
+      {"idemgate_release", &Statements::release},
+      {"idemgate_find", &Statements::find},
+      {"idemgate_take_stale", &Statements::take_stale},
+      {"idemgate_escalated", &Statements::escalated},
+      {"idemgate_resolve", &Statements::resolve},
+      {"idemgate_settled", &Statements::settled},
+      {"idemgate_signals", &Statements::signals},
+      {"idemgate_record_mismatch", &Statements::record_mismatch},
+      {"idemgate_mismatches", &Statements::mismatches},
+      {"idemgate_purge", &Statements::purge},
+      {"idemgate_reserve_batch", &Statements::reserve_batch},
+      {"idemgate_extend", &Statements::extend},
+      {"idemgate_make_durable", &Statements::make_durable},
+      {"idemgate_batch_landed", &Statements::batch_landed},
+      {"idemgate_redrive_key", &Statements::redrive_key},
+      {"idemgate_redrive_range", &Statements::redrive_range},
+  };
+  static_assert(std::size(prepared_statements) == static_cast<std::size_t>(Statement::count));
+  static_assert(std::size(prepared_statements) <= detail::ConnectionPool::max_prepared);
+
+  // Runs one of the store's statements on the lease's connection, preparing it there first if
+  // this connection has not yet: lazily, per connection, at the statement's first use — so the
+  // server sees it at the same moment whether libpqxx prepares at once (7.x, 8.x) or on first
+  // use (6.4), and nothing is prepared before migrate() created the table. A missing or outdated
+  // log table shows as the SQLSTATE of this, the store's own, statement on every version; the
+  // statement is prepared again at its next use.
+  template <class Transaction, class... Args>
+  pqxx::result exec_prepared(Lease& lease, Transaction& tx, Statement statement, Args&&... args) {
+    const auto index = static_cast<std::size_t>(statement);
+    const Prepared& prepared = prepared_statements[index];
+    try {
+      if (!lease.prepared(index)) {
+        detail::pq::prepare(lease.connection(), prepared.name, sql_.*prepared.sql);
+        lease.set_prepared(index);
+      }
+      return detail::pq::exec_prepared(tx, prepared.name, std::forward<Args>(args)...);
+    } catch (const pqxx::undefined_table&) {
+      throw missing_table();
+    } catch (const pqxx::undefined_column&) {
+      throw outdated_table();
+    }
   }
 
   // Runs a write transaction of `key` (commit, resolve) on a pooled connection. A connection that
@@ -955,12 +1018,11 @@ class PostgresStore {
   // first looks whether the previous one landed.
   template <class Attempt>
   auto with_commit_retries(const Key& key, Attempt&& attempt)
-      -> std::invoke_result_t<Attempt&, pqxx::connection&, int> {
+      -> std::invoke_result_t<Attempt&, Lease&, int> {
     for (int n = 1;; ++n) {
       auto lease = pool_.acquire();
       try {
-        prepare_once(lease);
-        return attempt(lease.connection(), n);
+        return attempt(lease, n);
       } catch (const pqxx::broken_connection& e) {
         lease.mark_broken();
         if (n >= options_.commit_attempts) throw commit_unknown(key, e);
@@ -978,18 +1040,16 @@ class PostgresStore {
   // the work is replaced and the work tried once more: every statement run this way is safe to
   // repeat (inserts conflict, updates are fenced).
   template <class Work>
-  auto run(Work&& work) -> std::invoke_result_t<Work&, pqxx::connection&> {
+  auto run(Work&& work) -> std::invoke_result_t<Work&, Lease&> {
     return run_on(pool_, std::forward<Work>(work));
   }
 
   template <class Work>
-  auto run_on(detail::ConnectionPool& pool, Work&& work)
-      -> std::invoke_result_t<Work&, pqxx::connection&> {
+  auto run_on(detail::ConnectionPool& pool, Work&& work) -> std::invoke_result_t<Work&, Lease&> {
     for (int attempt = 1;; ++attempt) {
       auto lease = pool.acquire();
       try {
-        prepare_once(lease);
-        return work(lease.connection());
+        return work(lease);
       } catch (const pqxx::deadlock_detected& e) {
         // Overlapping batches can lock the same rows in different orders; the loser was rolled
         // back whole, so it runs again.
@@ -1018,9 +1078,10 @@ class PostgresStore {
   // nobody holds the event, so it must not be acked. Asked on the caller's connection: a second
   // checkout could wait on a pool of one.
   template <class Transaction>
-  std::optional<CommitStatus> settled_state(Transaction& tx, const std::string& key_param,
-                                            std::int64_t fence, RecordStatus target) const {
-    const pqxx::result rows = detail::pq::exec_prepared(tx, "idemgate_settled", key_param);
+  std::optional<CommitStatus> settled_state(Lease& lease, Transaction& tx,
+                                            const std::string& key_param, std::int64_t fence,
+                                            RecordStatus target) {
+    const pqxx::result rows = exec_prepared(lease, tx, Statement::settled, key_param);
     if (rows.empty())
       throw StoreError("idemgate: the reservation of this event is gone from " + table_ +
                        " (a reservation lost in a database crash?); nothing was committed. Do "
@@ -1041,9 +1102,9 @@ class PostgresStore {
   }
 
   template <class Transaction>
-  CommitStatus settled_earlier(Transaction& tx, const std::string& key_param, std::int64_t fence,
-                               RecordStatus target) const {
-    return settled_state(tx, key_param, fence, target).value_or(CommitStatus::lost_lease);
+  CommitStatus settled_earlier(Lease& lease, Transaction& tx, const std::string& key_param,
+                               std::int64_t fence, RecordStatus target) {
+    return settled_state(lease, tx, key_param, fence, target).value_or(CommitStatus::lost_lease);
   }
 
   // The fenced commit update for one key, as literals (see fenced_update).
@@ -1064,10 +1125,28 @@ class PostgresStore {
     } catch (const pqxx::usage_error& e) {
       throw broken_transaction(key, e.what());
     } catch (const pqxx::sql_error& e) {
-      if (e.sqlstate() == "25P02" || e.sqlstate() == "25P01")  // aborted, or no transaction
-        throw broken_transaction(key, e.what());
+      if (ended_transaction(e)) throw broken_transaction(key, e.what());
       throw;
     }
+  }
+
+  // Runs a business write. A statement it sends after it swallowed an SQL error fails with
+  // "current transaction is aborted" on libpqxx 7 and 8 (6.4 ended the transaction instead, see
+  // fenced_update): either way the business write broke its transaction, and is named for it.
+  template <class Write>
+  void run_business_write(const Key& key, Write&& write) const {
+    try {
+      write();
+    } catch (const pqxx::sql_error& e) {
+      if (ended_transaction(e)) throw broken_transaction(key, e.what());
+      throw;
+    }
+  }
+
+  // Whether an error says the transaction was aborted earlier, or is gone.
+  static bool ended_transaction(const pqxx::sql_error& e) {
+    const std::string state = detail::pq::sqlstate(e);
+    return state == "25P02" || state == "25P01";
   }
 
   BusinessWriteError broken_transaction(const Key& key, const std::string& detail) const {
@@ -1083,16 +1162,16 @@ class PostgresStore {
         "expected error inside a pqxx::subtransaction.");
   }
 
-  CommitStatus settle(const char* statement, const Key& key, std::int64_t fence,
+  CommitStatus settle(Statement statement, const Key& key, std::int64_t fence,
                       std::string_view reason, RecordStatus target) {
     const std::string key_param = detail::pq::bytea_param(key.view());
     const std::string reason_text(reason);
-    return run([&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
+    return run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
       if (detail::pq::affected_rows(
-              detail::pq::exec_prepared(tx, statement, key_param, fence, reason_text)) > 0)
+              exec_prepared(c, tx, statement, key_param, fence, reason_text)) > 0)
         return CommitStatus::committed;
-      return settled_earlier(tx, key_param, fence, target);
+      return settled_earlier(c, tx, key_param, fence, target);
     });
   }
 
@@ -1106,11 +1185,10 @@ class PostgresStore {
 
   // Whether a schema error is about the log (not about a table of the caller's business write).
   bool names_log_table(const pqxx::sql_error& e) const {
-    const std::string query = e.query();
+    const std::string query = detail::pq::failed_query(e);
     const std::string message = e.what();
     return query.find(detail::unqualified(table_)) != std::string::npos ||
-           message.find(detail::unqualified(table_)) != std::string::npos ||
-           query.rfind("idemgate_", 0) == 0;
+           message.find(detail::unqualified(table_)) != std::string::npos;
   }
 
   StoreError missing_table() const {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -136,10 +137,13 @@ inline std::string redact_uri(std::string uri) {
 /// A fixed-size pool of PostgreSQL connections; thread-safe checkout, broken ones replaced.
 ///
 /// The first connection opens at construction, so a bad URI fails there. Each other connection
-/// is opened on first need and reopened after it broke; `ready()` tells the
-/// owner whether it has prepared its statements on the connection since it opened.
+/// is opened on first need and reopened after it broke; `prepared(n)` tells the owner whether it
+/// has prepared its statement number `n` on the connection since it opened.
 class ConnectionPool {
  public:
+  /// How many prepared statements a connection's bookkeeping holds.
+  static constexpr std::size_t max_prepared = 64;
+
   /// A connection checked out of the pool; returned when destroyed.
   class Lease {
    public:
@@ -154,10 +158,15 @@ class ConnectionPool {
     pqxx::connection& connection() { return *pool_->slots_[index_].connection; }
     /// Marks the connection broken: it is closed and reopened on its next checkout.
     void mark_broken() { pool_->slots_[index_].broken = true; }
-    /// Whether the owner has set this connection up (prepared its statements) since it opened.
-    [[nodiscard]] bool ready() const { return pool_->slots_[index_].ready; }
-    /// Records that the owner has set this connection up.
-    void set_ready() { pool_->slots_[index_].ready = true; }
+    /// Whether the owner has prepared its statement number `statement` (below
+    /// `max_prepared`) on this connection since it opened.
+    [[nodiscard]] bool prepared(std::size_t statement) const {
+      return (pool_->slots_[index_].prepared >> statement & 1U) != 0;
+    }
+    /// Records that the owner has prepared its statement number `statement` on this connection.
+    void set_prepared(std::size_t statement) {
+      pool_->slots_[index_].prepared |= std::uint64_t{1} << statement;
+    }
 
    private:
     ConnectionPool* pool_;
@@ -193,7 +202,7 @@ class ConnectionPool {
     if (slot.broken || slot.connection == nullptr || !slot.connection->is_open()) {
       slot.connection.reset();
       slot.broken = false;
-      slot.ready = false;
+      slot.prepared = 0;
       slot.connection = open();
     }
     return lease;
@@ -215,7 +224,7 @@ class ConnectionPool {
   struct Slot {
     std::unique_ptr<pqxx::connection> connection;
     bool broken = false;
-    bool ready = false;
+    std::uint64_t prepared = 0;  // one bit per statement the owner prepared on it
   };
 
   std::unique_ptr<pqxx::connection> open() {

@@ -2,7 +2,20 @@
 // Every difference between libpqxx versions, for PostgresStore and its tests.
 #pragma once
 
-// Every difference between libpqxx versions lives here: 6.4 (Debian 12), 7.x and 8.x.
+// Every difference between libpqxx versions lives here: 6.4 (Debian 12), 7.x and 8.x. Nothing
+// outside this file names a call whose spelling, result type or timing differs between them.
+//
+// - Parameterised statements: 6.4 has only `exec_params`/`exec_prepared`; 7.10 deprecates them
+//   for `exec(sql, pqxx::params)`/`exec(pqxx::prepped, pqxx::params)`, which 6.4 lacks.
+// - Rows and fields: up to 7.x, indexing a result gives a `pqxx::row` and a row a `pqxx::field`;
+//   8.x gives the lightweight `pqxx::row_ref`/`pqxx::field_ref`, which do not convert to those.
+//   `pq::row` and `pq::field` name whichever the version gives.
+// - Errors: `sql_error::query()` and `sqlstate()` return `std::string` up to 7.x and
+//   `std::string_view` in 8.x; `pq::failed_query` and `pq::sqlstate` copy either.
+// - Preparing: 6.4 only records a statement in `connection::prepare` and sends it to the server
+//   on its first use; 7.x and 8.x send it at once. Callers therefore prepare a statement right
+//   before its first use on a connection (see PostgresStore), so the server sees it at the same
+//   moment on every version.
 
 #include "../crypto/hex.hpp"
 
@@ -11,6 +24,7 @@
 #include <pqxx/version.hxx>
 
 #include <cstdint>
+#include <new>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -23,6 +37,18 @@
 
 namespace idemgate::detail::pq {
 
+#if PQXX_VERSION_MAJOR >= 8
+/// A row of a result, as indexing or iterating a result gives it.
+using row = pqxx::row_ref;
+/// A field of a row, as indexing a row gives it.
+using field = pqxx::field_ref;
+#else
+/// A row of a result, as indexing or iterating a result gives it.
+using row = pqxx::row;
+/// A field of a row, as indexing a row gives it.
+using field = pqxx::field;
+#endif
+
 /// Runs a prepared statement with positional parameters.
 template <class Transaction, class... Args>
 pqxx::result exec_prepared(Transaction& tx, const std::string& name, Args&&... args) {
@@ -33,7 +59,7 @@ pqxx::result exec_prepared(Transaction& tx, const std::string& name, Args&&... a
 #endif
 }
 
-/// Runs one statement with positional parameters, unprepared.
+/// Runs one statement with positional parameters ($1, $2, …), unprepared.
 template <class Transaction, class... Args>
 pqxx::result exec_params(Transaction& tx, const std::string& sql, Args&&... args) {
 #if IDEMGATE_PQXX_PREPPED
@@ -109,11 +135,11 @@ std::string bigint_array_param(const Range& values) {
 }
 
 /// Decodes a bytea field in text form (hex or escape output) into raw bytes.
-inline std::string bytea_field(const pqxx::field& field) {
-  if (field.is_null()) return {};
+inline std::string bytea_field(const field& value) {
+  if (value.is_null()) return {};
   std::size_t length = 0;
   unsigned char* raw =
-      PQunescapeBytea(reinterpret_cast<const unsigned char*>(field.c_str()), &length);
+      PQunescapeBytea(reinterpret_cast<const unsigned char*>(value.c_str()), &length);
   if (raw == nullptr) throw std::bad_alloc();
   std::string out(reinterpret_cast<const char*>(raw), length);
   PQfreemem(raw);
@@ -121,21 +147,22 @@ inline std::string bytea_field(const pqxx::field& field) {
 }
 
 /// A text field; empty when null (never `as<std::optional<…>>()`: 6.4 lacks it).
-inline std::string text_field(const pqxx::field& field) {
-  return field.is_null() ? std::string() : std::string(field.c_str());
+inline std::string text_field(const field& value) {
+  return value.is_null() ? std::string() : std::string(value.c_str());
 }
 
 /// An integer field.
-inline std::int64_t int_field(const pqxx::field& field) {
-  return field.as<std::int64_t>();
+inline std::int64_t int_field(const field& value) {
+  return value.as<std::int64_t>();
 }
 
 /// A boolean field; false when null.
-inline bool bool_field(const pqxx::field& field) {
-  return field.is_null() ? false : field.as<bool>();
+inline bool bool_field(const field& value) {
+  return value.is_null() ? false : value.as<bool>();
 }
 
-/// Registers a prepared statement on a connection.
+/// Prepares a statement on a connection. 6.4 sends it to the server on its first use, 7.x and
+/// 8.x now: call it right before the statement's first use on the connection, never ahead.
 inline void prepare(pqxx::connection& connection, const std::string& name, const std::string& sql) {
   connection.prepare(name, sql);
 }
@@ -143,6 +170,16 @@ inline void prepare(pqxx::connection& connection, const std::string& name, const
 /// Rows a command touched.
 inline std::int64_t affected_rows(const pqxx::result& result) {
   return static_cast<std::int64_t>(result.affected_rows());
+}
+
+/// The statement a `pqxx::sql_error` reports (for a prepared one, its name on some versions).
+inline std::string failed_query(const pqxx::sql_error& error) {
+  return std::string(error.query());
+}
+
+/// The SQLSTATE of a `pqxx::sql_error` (empty when the server sent none).
+inline std::string sqlstate(const pqxx::sql_error& error) {
+  return std::string(error.sqlstate());
 }
 
 }  // namespace idemgate::detail::pq
