@@ -238,8 +238,13 @@ TEST(PostgresRestart, ServerRestartMidRunOfAThousandEventsLosesAndDoublesNothing
   // A gate that never recovered would leave deliveries in the queue: the workers give up then.
   const auto give_up_at = std::chrono::steady_clock::now() + 3min;
 
+  // After 400 acks the workers hold until the server is down, so that some deliveries meet the
+  // outage however fast the rest of the queue would drain.
+  std::atomic<bool> server_down{false};
+
   auto worker = [&] {
     while (std::chrono::steady_clock::now() < give_up_at) {
+      while (acked.load() >= 400 && !server_down.load()) std::this_thread::sleep_for(1ms);
       int i;
       {
         std::lock_guard lock(queue_mutex);
@@ -274,6 +279,7 @@ TEST(PostgresRestart, ServerRestartMidRunOfAThousandEventsLosesAndDoublesNothing
   for (int w = 0; w < 4; ++w) workers.emplace_back(worker);
   while (acked.load() < 400) std::this_thread::sleep_for(1ms);
   cluster.stop();
+  server_down = true;
   std::this_thread::sleep_for(300ms);
   const int errors_while_down = store_errors.load();
   const int acked_before_restart = acked.load();
