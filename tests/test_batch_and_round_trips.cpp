@@ -13,9 +13,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -316,6 +318,88 @@ TEST_F(PostgresBatch, OneRefusedBusinessWriteDoesNotTakeTheOthersDown) {
   EXPECT_EQ(store.find(idemgate::derive_key("refuse", "2"))->status, RecordStatus::in_flight);
 }
 
+TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
+  PostgresStore store(uri, {.table = log});
+  store.migrate();
+  const std::string request = "request";
+  const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
+  std::vector<Key> keys;
+  for (int i = 0; i < 3; ++i) {
+    keys.push_back(idemgate::derive_key("stale batch", std::to_string(i)));
+    ASSERT_EQ(store.reserve(keys.back(), fingerprint, request, 1min).fence, 1);
+  }
+  // The middle event's lease ended and its redelivery took it over under fence 2.
+  ASSERT_TRUE(store.release(keys[1], 1));
+  const auto taken = store.reserve(keys[1], fingerprint, request, 1min);
+  ASSERT_EQ(taken.kind, idemgate::Reservation::Kind::taken_over);
+  ASSERT_EQ(taken.fence, 2);
+
+  // A batch that still presents fence 1 for all three commits nothing at all: not the stale
+  // item, not the others, no business row. The caller then commits item by item.
+  const std::vector<idemgate::CommitItem> items{
+      {keys[0], 1, "slot-0"}, {keys[1], 1, "slot-1"}, {keys[2], 1, "slot-2"}};
+  const auto statuses = store.commit_batch(items, [&](pqxx::work& tx, std::size_t i) {
+    booking(bookings)(tx, items[i].key, {"C" + std::to_string(i), "w"},
+                      std::string(items[i].result));
+  });
+  EXPECT_FALSE(statuses.has_value()) << "a fence moved: the batch must not commit";
+  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 0);
+  for (const Key& key : keys) EXPECT_EQ(store.find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(store.find(keys[1])->fence, 2) << "the redelivery still holds its event";
+
+  // Through the gate: a worker stalls on one event of its batch past the lease, a redelivery
+  // takes that event over; the batch commits the other two and loses that one.
+  PostgresStore other(uri, {.table = log});  // the consumer where the redelivery lands
+  FakeTerminal<> terminal;
+  Gate gate{store, terminal, booking(bookings)};
+  std::vector<BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 3; ++i)
+    batch.push_back({"m" + std::to_string(i),
+                     idemgate::derive_key("stale gate batch", std::to_string(i)),
+                     {"C" + std::to_string(i), "w"}});
+  terminal.after = [&](const Key& key,
+                       const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (key != batch[1].key) return std::nullopt;
+    EXPECT_TRUE(other.release(key, 1));
+    const std::string bytes = gate.encode_request(batch[1].request);
+    EXPECT_EQ(other.reserve(key, idemgate::detail::sha256(bytes), bytes, 1min).fence, 2);
+    return std::nullopt;
+  };
+  const auto result = gate.process_batch(batch);
+  EXPECT_EQ(result.items()[0].result.status(), Status::processed);
+  EXPECT_EQ(result.items()[1].result.status(), Status::lost_lease);
+  EXPECT_EQ(result.items()[2].result.status(), Status::processed);
+  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 2);
+  EXPECT_EQ(store.find(batch[1].key)->status, RecordStatus::in_flight);
+}
+
+TEST_F(PostgresBatch, EveryBatchReservationThatMeetsAKeyIsCountedOnItsRow) {
+  PostgresStore store(uri, {.table = log});
+  store.migrate();
+  const std::string request = "request";
+  const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
+  const Key a = idemgate::derive_key("counted", "a");
+  const Key b = idemgate::derive_key("counted", "b");
+  const Key c = idemgate::derive_key("counted", "c");
+  auto reserve = [&](const std::vector<Key>& keys) {
+    std::vector<idemgate::ReserveItem> items;
+    for (const Key& key : keys) items.push_back({key, fingerprint, request});
+    return store.reserve_batch(items, 1min);
+  };
+  for (const auto& r : reserve({a, b})) EXPECT_EQ(r.kind, idemgate::Reservation::Kind::acquired);
+  const auto again = reserve({a, b, c});  // a and b met again (in flight), c new
+  EXPECT_EQ(again[0].kind, idemgate::Reservation::Kind::existing);
+  EXPECT_EQ(again[2].kind, idemgate::Reservation::Kind::acquired);
+  ASSERT_EQ(store.commit(b, 1, "slot-b", [](pqxx::work&) {}), idemgate::CommitStatus::committed);
+  const auto third = reserve({a, b});  // both met once more, b now committed
+  EXPECT_EQ(third[1].status, RecordStatus::committed);
+
+  EXPECT_EQ(store.find(a)->duplicates, 2);
+  EXPECT_EQ(store.find(b)->duplicates, 2);
+  EXPECT_EQ(store.find(c)->duplicates, 0);
+  EXPECT_EQ(store.signals(1h).duplicates, 4) << "the duplicate signal sees the batches' meetings";
+}
+
 TEST_F(PostgresBatch, RelaxedReservationsKeepExclusionAndCommitsDurable) {
   PostgresStore store(uri, {.table = log, .pool_size = 4, .relaxed_reservations = true});
   store.migrate();
@@ -337,6 +421,60 @@ TEST_F(PostgresBatch, RelaxedReservationsKeepExclusionAndCommitsDurable) {
   for (auto& t : racers) t.join();
   EXPECT_EQ(terminal.calls(), 1) << "exclusion is unchanged";
   EXPECT_EQ(booking_count(), 1);
+}
+
+TEST_F(PostgresBatch, RelaxedReservationsSkipTheFlushAndAnInFlightAnswerWaitsForOne) {
+  PostgresStore store(uri, {.table = log, .relaxed_reservations = true});
+  store.migrate();
+  // Every write to the log notes the synchronous_commit it ran under, in order.
+  const std::string notes = log + "_notes";
+  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + notes);
+  idemgate::test::pg_exec("DROP FUNCTION IF EXISTS " + notes + "_add()");
+  idemgate::test::pg_exec("CREATE TABLE " + notes + " (n bigserial, op text, sync text)");
+  idemgate::test::pg_exec("CREATE FUNCTION " + notes +
+                          "_add() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO " +
+                          notes +
+                          " (op, sync) VALUES (TG_OP, current_setting('synchronous_commit')); "
+                          "RETURN NULL; END $$");
+  idemgate::test::pg_exec("CREATE TRIGGER note AFTER INSERT OR UPDATE ON " + log +
+                          " FOR EACH ROW EXECUTE FUNCTION " + notes + "_add()");
+  // The notes since the last call, as "OP synchronous_commit", in the order they were written.
+  auto written = [&] {
+    std::vector<std::string> seen;
+    for (const auto& row : idemgate::test::pg_exec("WITH d AS (DELETE FROM " + notes +
+                                                   " RETURNING n, op, sync) SELECT op || ' ' || "
+                                                   "sync FROM d ORDER BY n"))
+      seen.emplace_back(row[0].c_str());
+    return seen;
+  };
+  using Notes = std::vector<std::string>;
+  const std::string request = "request";
+  const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
+  const Key a = idemgate::derive_key("relaxed notes", "a");
+  const Key b = idemgate::derive_key("relaxed notes", "b");
+
+  ASSERT_EQ(store.reserve(a, fingerprint, request, 1min).kind,
+            idemgate::Reservation::Kind::acquired);
+  EXPECT_EQ(written(), (Notes{"INSERT off"})) << "a reservation does not wait for the flush";
+
+  ASSERT_EQ(store.reserve(a, fingerprint, request, 1min).status, RecordStatus::in_flight);
+  EXPECT_EQ(written(), (Notes{"UPDATE off", "UPDATE on"}))
+      << "the duplicate is counted without a flush, then one synchronous commit flushes the "
+         "other attempt's reservation before the in-flight answer goes out";
+
+  std::vector<idemgate::ReserveItem> items{{b, fingerprint, request}, {a, fingerprint, request}};
+  const auto batch = store.reserve_batch(items, 1min);
+  ASSERT_EQ(batch[0].kind, idemgate::Reservation::Kind::acquired);
+  ASSERT_EQ(batch[1].status, RecordStatus::in_flight);
+  Notes notes_of_batch = written();
+  std::sort(notes_of_batch.begin(), notes_of_batch.end());
+  EXPECT_EQ(notes_of_batch, (Notes{"INSERT off", "UPDATE off", "UPDATE on"}))
+      << "the batch's statement relaxed, one synchronous commit for its in-flight answer";
+
+  ASSERT_EQ(store.commit(b, 1, "slot-b", [](pqxx::work&) {}), idemgate::CommitStatus::committed);
+  EXPECT_EQ(written(), (Notes{"UPDATE on"})) << "commits stay durable";
+  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + notes);
+  idemgate::test::pg_exec("DROP FUNCTION IF EXISTS " + notes + "_add() CASCADE");
 }
 
 TEST_F(PostgresBatch, RelaxedReservationLostInACrashIsNeverAcked) {

@@ -253,6 +253,23 @@ TEST(StandardWebhook, OneByteBodyChangeFails) {
             WebhookRejection::bad_signature);
 }
 
+TEST(StandardWebhook, SignatureWithAnyOneByteChangedIsBadSignature) {
+  // Every byte of the MAC counts, the last ones as much as the first: a comparison that stopped
+  // early would let a forger get away with matching part of a signature.
+  const StandardWebhookVerifier verifier = verifier_at(signed_at);
+  const std::optional<std::string> mac = idemgate::detail::base64_decode(signature.substr(3));
+  ASSERT_TRUE(mac.has_value());
+  ASSERT_EQ(mac->size(), 32u);
+  for (std::size_t i = 0; i < mac->size(); ++i) {
+    std::string changed = *mac;
+    changed[i] = static_cast<char>(changed[i] ^ 0x01);
+    const std::string forged = "v1," + idemgate::detail::base64_encode(changed);
+    EXPECT_EQ(rejection_of(verifier.verify(id, timestamp, forged, body)),
+              WebhookRejection::bad_signature)
+        << "byte " << i << " of the MAC changed";
+  }
+}
+
 TEST(StandardWebhook, SignatureIsBoundToIdAndTimestamp) {
   const StandardWebhookVerifier verifier = verifier_at(signed_at);
   EXPECT_EQ(rejection_of(verifier.verify("msg_other", timestamp, signature, body)),
@@ -261,6 +278,11 @@ TEST(StandardWebhook, SignatureIsBoundToIdAndTimestamp) {
             WebhookRejection::bad_signature);
   // Same number, different text: the signed content is the header as sent.
   EXPECT_EQ(rejection_of(verifier.verify(id, "01614265330", signature, body)),
+            WebhookRejection::bad_signature);
+  // The same for a signature this verifier made itself: it cannot be moved to another id.
+  const std::string own = verifier.sign(id, signed_at, body);
+  ASSERT_TRUE(verifier.verify(id, timestamp, own, body).ok());
+  EXPECT_EQ(rejection_of(verifier.verify("msg_other", timestamp, own, body)),
             WebhookRejection::bad_signature);
 }
 

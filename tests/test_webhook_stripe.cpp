@@ -186,6 +186,20 @@ TEST(StripeWebhook, OneByteBodyChangeFails) {
   }
 }
 
+TEST(StripeWebhook, SignatureWithAnyOneByteChangedIsBadSignature) {
+  // Every byte of the MAC counts, the last ones as much as the first: a comparison that stopped
+  // early would let a forger get away with matching part of a signature.
+  const StripeWebhookVerifier verifier = verifier_at(signed_at);
+  ASSERT_EQ(expected_v1.size(), 64u);
+  for (std::size_t i = 0; i < expected_v1.size(); i += 2) {
+    std::string changed = expected_v1;
+    changed[i + 1] = changed[i + 1] == '0' ? '1' : '0';  // the low four bits of byte i / 2
+    EXPECT_EQ(rejection_of(verifier.verify(header(t, changed), body)),
+              WebhookRejection::bad_signature)
+        << "byte " << i / 2 << " of the MAC changed";
+  }
+}
+
 TEST(StripeWebhook, SignatureIsBoundToTheTimestamp) {
   EXPECT_EQ(rejection_of(verifier_at(signed_at).verify(header("1700000001", expected_v1), body)),
             WebhookRejection::bad_signature);

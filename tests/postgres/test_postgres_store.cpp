@@ -402,6 +402,23 @@ TEST_F(PostgresGate, AFenceAboveTheStoredOneMeansThisAttemptsTakeoverWasLost) {
   EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight);
 }
 
+TEST_F(PostgresGate, PurgeMeasuresTheWindowFromWhenTheEventFinished) {
+  auto store = make_store();
+  const Key key = idemgate::derive_key("purge window", "1");
+  const std::string request = "request";
+  const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
+  const auto r = store->reserve(key, fingerprint, request, 1min);
+  ASSERT_EQ(store->commit(key, r.fence, "slot", [](pqxx::work&) {}),
+            idemgate::CommitStatus::committed);
+  // Reserved eight days ago, stuck in flight, finished a moment ago: a duplicate may still come.
+  pg_exec("UPDATE " + log + " SET created_at = created_at - interval '8 days'");
+  EXPECT_EQ(store->purge(7 * 24h, 10), 0u);
+  EXPECT_EQ(store->reserve(key, fingerprint, request, 1min).status, RecordStatus::committed)
+      << "still answered as a duplicate";
+  pg_exec("UPDATE " + log + " SET updated_at = updated_at - interval '8 days'");
+  EXPECT_EQ(store->purge(7 * 24h, 10), 1u) << "finished eight days ago: past the window";
+}
+
 TEST_F(PostgresGate, HugeLimitsMeanNoLimit) {
   auto store = make_store();
   EXPECT_NO_THROW((void)store->escalated(SIZE_MAX));
