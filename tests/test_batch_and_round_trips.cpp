@@ -339,11 +339,11 @@ TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
   const std::vector<idemgate::CommitItem> items{
       {keys[0], 1, "slot-0"}, {keys[1], 1, "slot-1"}, {keys[2], 1, "slot-2"}};
   const auto statuses = store.commit_batch(items, [&](pqxx::work& tx, std::size_t i) {
-    booking(bookings)(tx, items[i].key, {"C" + std::to_string(i), "w"},
-                      std::string(items[i].result));
+    booking_writer()(tx, items[i].key, {"C" + std::to_string(i), "w"},
+                     std::string(items[i].result));
   });
   EXPECT_FALSE(statuses.has_value()) << "a fence moved: the batch must not commit";
-  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 0);
+  EXPECT_EQ(booking_count(), 0);
   for (const Key& key : keys) EXPECT_EQ(store.find(key)->status, RecordStatus::in_flight);
   EXPECT_EQ(store.find(keys[1])->fence, 2) << "the redelivery still holds its event";
 
@@ -351,7 +351,7 @@ TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
   // takes that event over; the batch commits the other two and loses that one.
   PostgresStore other(uri, {.table = log});  // the consumer where the redelivery lands
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, booking(bookings)};
+  Gate gate{store, terminal, booking_writer()};
   std::vector<BatchMessage<SlotRequest>> batch;
   for (int i = 0; i < 3; ++i)
     batch.push_back({"m" + std::to_string(i),
@@ -369,7 +369,7 @@ TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
   EXPECT_EQ(result.items()[0].result.status(), Status::processed);
   EXPECT_EQ(result.items()[1].result.status(), Status::lost_lease);
   EXPECT_EQ(result.items()[2].result.status(), Status::processed);
-  EXPECT_EQ(idemgate::test::pg_count("SELECT count(*) FROM " + bookings), 2);
+  EXPECT_EQ(booking_count(), 2);
   EXPECT_EQ(store.find(batch[1].key)->status, RecordStatus::in_flight);
 }
 
