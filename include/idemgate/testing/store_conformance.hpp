@@ -27,6 +27,7 @@
 #include "../outcome.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
+#include "slot_request.hpp"
 #include "store_traits.hpp"
 
 #include <gtest/gtest.h>
@@ -56,36 +57,6 @@ using namespace std::chrono_literals;
 
 /// @cond
 // The suite's fake downstream, its events and keys: not part of the API.
-namespace detail {
-
-/// A slot claim at the terminal: a container and its preferred window.
-struct SlotRequest {
-  std::string container;
-  std::string window;
-  friend bool operator==(const SlotRequest&, const SlotRequest&) = default;
-};
-
-}  // namespace detail
-}  // namespace idemgate::testing
-
-/// Canonical encoding of the suite's slot claim: container, newline, window.
-template <>
-struct idemgate::codec<idemgate::testing::detail::SlotRequest> {
-  /// Writes `container\nwindow`.
-  static void encode(const idemgate::testing::detail::SlotRequest& r, std::string& out) {
-    if (r.container.find('\n') != std::string::npos)
-      throw idemgate::CodecError("container holds a newline");
-    out = r.container + '\n' + r.window;
-  }
-  /// Reads what `encode` wrote.
-  static idemgate::testing::detail::SlotRequest decode(std::string_view in) {
-    const auto split = in.find('\n');
-    if (split == std::string_view::npos) throw idemgate::CodecError("no newline in slot request");
-    return {std::string(in.substr(0, split)), std::string(in.substr(split + 1))};
-  }
-};
-
-namespace idemgate::testing {
 namespace detail {
 
 /// A slot API that honours idempotency keys and counts what it was asked, in process: the same
