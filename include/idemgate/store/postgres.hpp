@@ -959,34 +959,42 @@ class PostgresStore {
   };
 
   struct Prepared {
+    Statement statement;  // its place in prepared_statements, checked below
     const char* name;
     std::string Statements::*sql;
   };
 
   static constexpr Prepared prepared_statements[] = {
-      {"idemgate_reserve", &Statements::reserve},
-      {"idemgate_take_over", &Statements::take_over},
-      {"idemgate_commit", &Statements::commit},
-      {"idemgate_fail", &Statements::fail},
-      {"idemgate_escalate", &Statements::escalate},
-      {"idemgate_release", &Statements::release},
-      {"idemgate_find", &Statements::find},
-      {"idemgate_take_stale", &Statements::take_stale},
-      {"idemgate_escalated", &Statements::escalated},
-      {"idemgate_resolve", &Statements::resolve},
-      {"idemgate_settled", &Statements::settled},
-      {"idemgate_signals", &Statements::signals},
-      {"idemgate_record_mismatch", &Statements::record_mismatch},
-      {"idemgate_mismatches", &Statements::mismatches},
-      {"idemgate_purge", &Statements::purge},
-      {"idemgate_reserve_batch", &Statements::reserve_batch},
-      {"idemgate_extend", &Statements::extend},
-      {"idemgate_make_durable", &Statements::make_durable},
-      {"idemgate_batch_landed", &Statements::batch_landed},
-      {"idemgate_redrive_key", &Statements::redrive_key},
-      {"idemgate_redrive_range", &Statements::redrive_range},
+      {Statement::reserve, "idemgate_reserve", &Statements::reserve},
+      {Statement::take_over, "idemgate_take_over", &Statements::take_over},
+      {Statement::commit, "idemgate_commit", &Statements::commit},
+      {Statement::fail, "idemgate_fail", &Statements::fail},
+      {Statement::escalate, "idemgate_escalate", &Statements::escalate},
+      {Statement::release, "idemgate_release", &Statements::release},
+      {Statement::find, "idemgate_find", &Statements::find},
+      {Statement::take_stale, "idemgate_take_stale", &Statements::take_stale},
+      {Statement::escalated, "idemgate_escalated", &Statements::escalated},
+      {Statement::resolve, "idemgate_resolve", &Statements::resolve},
+      {Statement::settled, "idemgate_settled", &Statements::settled},
+      {Statement::signals, "idemgate_signals", &Statements::signals},
+      {Statement::record_mismatch, "idemgate_record_mismatch", &Statements::record_mismatch},
+      {Statement::mismatches, "idemgate_mismatches", &Statements::mismatches},
+      {Statement::purge, "idemgate_purge", &Statements::purge},
+      {Statement::reserve_batch, "idemgate_reserve_batch", &Statements::reserve_batch},
+      {Statement::extend, "idemgate_extend", &Statements::extend},
+      {Statement::make_durable, "idemgate_make_durable", &Statements::make_durable},
+      {Statement::batch_landed, "idemgate_batch_landed", &Statements::batch_landed},
+      {Statement::redrive_key, "idemgate_redrive_key", &Statements::redrive_key},
+      {Statement::redrive_range, "idemgate_redrive_range", &Statements::redrive_range},
   };
   static_assert(std::size(prepared_statements) == static_cast<std::size_t>(Statement::count));
+  static_assert(
+      [] {
+        for (std::size_t i = 0; i < std::size(prepared_statements); ++i)
+          if (static_cast<std::size_t>(prepared_statements[i].statement) != i) return false;
+        return true;
+      }(),
+      "prepared_statements lists the statements in the order of Statement");
   static_assert(std::size(prepared_statements) <= detail::ConnectionPool::max_prepared);
 
   // Runs one of the store's statements on the lease's connection, preparing it there first if
