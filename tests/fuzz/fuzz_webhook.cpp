@@ -1,8 +1,9 @@
 // libFuzzer target for the signed edge: header parsing, Standard Webhooks and Stripe
-// verification, secret decoding and the event contract. Build and run it with scripts/fuzz.
+// verification (v1 HMAC and v1a Ed25519), secret and public key decoding and the event contract.
+// Build and run it with scripts/fuzz.
 //
 // The input is split at the first four newlines into
-//   webhook-id \n webhook-timestamp \n signature header \n secret \n body
+//   webhook-id \n webhook-timestamp \n signature header \n secret or public key \n body
 // (missing fields are empty; the body keeps any further newlines). Besides "no crash, no UB",
 // it checks properties that must hold for every input, and aborts when one does not.
 
@@ -28,6 +29,9 @@ namespace {
 constexpr std::int64_t now = 1614265330;
 constexpr std::string_view standard_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 constexpr std::string_view stripe_secret = "whsec_plJ3nmyCDGBKInavdOK15jsO";
+// RFC 8032 section 7.1, test 1: its public key, and the published delivery signed with its
+// secret key (the seed in scripts/fuzz).
+constexpr std::string_view ed25519_public_key = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=";
 
 void require(bool property, const char* what) {
   if (property) return;
@@ -96,6 +100,48 @@ void fuzz_standard(std::string_view id, std::string_view timestamp, std::string_
   }
 }
 
+void fuzz_ed25519(std::string_view id, std::string_view timestamp, std::string_view signature,
+                  std::string_view key, std::string_view body) {
+  const idemgate::StandardWebhookEd25519Verifier verifier(ed25519_public_key, fixed_clock(now));
+  const idemgate::WebhookVerification direct = verifier.verify(id, timestamp, signature, body);
+  if (direct.ok()) {
+    require(direct.id() == id, "a verified v1a delivery carries its webhook-id");
+    require(idemgate::detail::count_standard_entries(signature, "v1a") != 0,
+            "a v1a verifier accepts nothing without a v1a entry");
+  } else {
+    require(!direct.message().empty(), "every v1a rejection has a message");
+    require(direct.rejection() != idemgate::WebhookRejection::unusable_secret,
+            "a constructed v1a verifier never reports its key as unusable");
+  }
+  const std::vector<std::pair<std::string_view, std::string_view>> headers{
+      {"svix-id", id}, {"Webhook-Timestamp", timestamp}, {"WEBHOOK-SIGNATURE", signature}};
+  require(same_outcome(direct, verifier.verify(headers, body)),
+          "v1a: header list and explicit values agree");
+
+  // Entries of the other scheme never verify, whatever the key: no algorithm confusion.
+  std::string only_v1;
+  std::string only_v1a;
+  for (std::string_view rest = signature; !rest.empty();) {
+    const auto [version, value] = idemgate::detail::next_standard_entry(rest);
+    std::string& into = version == "v1a" ? only_v1a : only_v1;
+    into.append(version).append(",").append(value).append(" ");
+  }
+  require(!verifier.verify(id, timestamp, only_v1, body).ok(),
+          "the v1a verifier never accepts a header without v1a entries");
+  const idemgate::StandardWebhookVerifier hmac(standard_secret, fixed_clock(now));
+  require(!hmac.verify(id, timestamp, only_v1a, body).ok(),
+          "the v1 verifier never accepts a header of v1a entries only");
+
+  // A fuzzed public key: decodes, or is reported as unusable, never crashes.
+  const idemgate::WebhookVerification one_shot = idemgate::verify_standard_webhook_ed25519(
+      key, id, timestamp, signature, body, fixed_clock(now));
+  const bool usable = idemgate::detail::decode_standard_public_key_checked(key).second ==
+                      idemgate::detail::StandardPublicKeyProblem::none;
+  require(usable || (!one_shot.ok() &&
+                     one_shot.rejection() == idemgate::WebhookRejection::unusable_secret),
+          "an undecodable public key is reported as unusable_secret");
+}
+
 void fuzz_stripe(std::string_view signature, std::string_view timestamp, std::string_view secret,
                  std::string_view body) {
   const idemgate::StripeWebhookVerifier verifier(stripe_secret, fixed_clock(now));
@@ -154,6 +200,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view body = input;
 
   fuzz_standard(id, timestamp, signature, secret, body);
+  fuzz_ed25519(id, timestamp, signature, secret, body);
   fuzz_stripe(signature, timestamp, secret, body);
   fuzz_base64(signature);
   fuzz_base64(secret);

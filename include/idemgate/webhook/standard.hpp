@@ -3,12 +3,16 @@
 #pragma once
 
 /// Standard Webhooks 1.0 (https://www.standardwebhooks.com): signature verification, replay
-/// window and signing. Also accepts the `svix-` header names. Needs only OpenSSL.
+/// window and signing. `StandardWebhookVerifier` checks symmetric `v1` signatures (HMAC-SHA256,
+/// `whsec_` secrets), `StandardWebhookEd25519Verifier` asymmetric `v1a` ones (Ed25519, `whpk_`
+/// public keys). Also accepts the `svix-` header names. Needs only OpenSSL.
 
 #include "../detail/crypto/base64.hpp"
+#include "../detail/crypto/ed25519.hpp"
 #include "../detail/crypto/hmac.hpp"
 #include "verification.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -44,6 +48,24 @@ enum class StandardSecretProblem {
   return secret;
 }
 
+/// The bytes of `text` when it is standard base64 exactly as an encoder writes it: length a
+/// multiple of four with the `=` padding it needs and zero unused bits (RFC 4648 sections 3.2
+/// and 3.5). The problem is `none`, `empty`, `not_base64` or `inexact`; the bytes are empty
+/// unless it is `none`.
+[[nodiscard]] inline std::pair<std::string, StandardSecretProblem> decode_exact_base64(
+    std::string_view text) {
+  if (text.empty()) return {{}, StandardSecretProblem::empty};
+  const std::size_t last_digit = text.find_last_not_of('=');
+  const std::size_t digits = last_digit == std::string_view::npos ? 0 : last_digit + 1;
+  if (digits == 0 || text.size() - digits > 2) return {{}, StandardSecretProblem::not_base64};
+  for (std::size_t i = 0; i < digits; ++i)
+    if (base64_value(text[i]) < 0) return {{}, StandardSecretProblem::not_base64};
+  std::optional<std::string> bytes = base64_decode(text);
+  if (!bytes || text.size() % 4 != 0 || base64_encode(*bytes) != text)
+    return {{}, StandardSecretProblem::inexact};
+  return {std::move(*bytes), StandardSecretProblem::none};
+}
+
 /// The HMAC key of a Standard Webhooks secret (`whsec_` + base64, prefix optional) and what is
 /// wrong with the secret; the key is empty unless the problem is `none`.
 ///
@@ -53,18 +75,10 @@ enum class StandardSecretProblem {
 /// `standard_secret_min_bytes` long, as the specification requires.
 [[nodiscard]] inline std::pair<std::string, StandardSecretProblem> decode_standard_secret_checked(
     std::string_view secret) {
-  const std::string_view text = standard_secret_base64(secret);
-  if (text.empty()) return {{}, StandardSecretProblem::empty};
-  const std::size_t last_digit = text.find_last_not_of('=');
-  const std::size_t digits = last_digit == std::string_view::npos ? 0 : last_digit + 1;
-  if (digits == 0 || text.size() - digits > 2) return {{}, StandardSecretProblem::not_base64};
-  for (std::size_t i = 0; i < digits; ++i)
-    if (base64_value(text[i]) < 0) return {{}, StandardSecretProblem::not_base64};
-  std::optional<std::string> key = base64_decode(text);
-  if (!key || text.size() % 4 != 0 || base64_encode(*key) != text)
-    return {{}, StandardSecretProblem::inexact};
-  if (key->size() < standard_secret_min_bytes) return {{}, StandardSecretProblem::too_short};
-  return {std::move(*key), StandardSecretProblem::none};
+  auto [key, problem] = decode_exact_base64(standard_secret_base64(secret));
+  if (problem != StandardSecretProblem::none) return {{}, problem};
+  if (key.size() < standard_secret_min_bytes) return {{}, StandardSecretProblem::too_short};
+  return {std::move(key), StandardSecretProblem::none};
 }
 
 /// The HMAC key inside a Standard Webhooks secret, or nullopt when the secret is unusable (see
@@ -117,6 +131,31 @@ enum class StandardSecretProblem {
   return hmac_sha256(key, {id, ".", timestamp, ".", body});
 }
 
+/// The next space-separated entry of a `webhook-signature` value, removed from `header`, split
+/// at its first comma into version and signature (a missing comma leaves the version whole).
+[[nodiscard]] constexpr std::pair<std::string_view, std::string_view> next_standard_entry(
+    std::string_view& header) noexcept {
+  const std::size_t space = header.find(' ');
+  const std::string_view entry = header.substr(0, space);
+  header.remove_prefix(space == std::string_view::npos ? header.size() : space + 1);
+  const std::size_t comma = entry.find(',');
+  if (comma == std::string_view::npos) return {entry, {}};
+  return {entry.substr(0, comma), entry.substr(comma + 1)};
+}
+
+/// How many entries of `version` (`v1`, `v1a`) a `webhook-signature` value holds.
+[[nodiscard]] constexpr std::size_t count_standard_entries(std::string_view header,
+                                                           std::string_view version) noexcept {
+  std::size_t count = 0;
+  while (!header.empty()) {
+    const std::string_view entry = header.substr(0, header.find(' '));
+    if (entry.size() > version.size() && entry.starts_with(version) && entry[version.size()] == ',')
+      ++count;
+    header.remove_prefix(std::min(header.size(), entry.size() + 1));
+  }
+  return count;
+}
+
 /// Whether a `webhook-signature` value holds a v1 entry equal to `expected`; counts the v1
 /// entries seen. Entries are space-separated `version,base64`; other versions are skipped.
 [[nodiscard]] inline bool standard_signature_matches(std::string_view header,
@@ -138,13 +177,37 @@ enum class StandardSecretProblem {
   return false;
 }
 
-/// Verifies one delivery under an already decoded key.
-[[nodiscard]] inline WebhookVerification verify_standard(std::string_view key,
-                                                         const ReplayWindow& window,
-                                                         std::optional<std::string_view> id,
-                                                         std::optional<std::string_view> timestamp,
-                                                         std::optional<std::string_view> signature,
-                                                         std::string_view body) {
+/// Why no v1 entry of `signature` is the HMAC of the delivery under `key`, or nothing when one
+/// is.
+[[nodiscard]] inline std::optional<std::string> standard_v1_signature_error(
+    std::string_view key, std::string_view id, std::string_view timestamp,
+    std::string_view signature, std::string_view body) {
+  std::size_t v1_entries = 0;
+  if (standard_signature_matches(signature, standard_mac(key, id, timestamp, body), v1_entries))
+    return std::nullopt;
+  if (v1_entries == 0 && count_standard_entries(signature, "v1a") != 0)
+    return "webhook-signature has no v1 entry, only v1a (Ed25519) signatures: the sender signs "
+           "with an asymmetric key; verify its deliveries with StandardWebhookEd25519Verifier and "
+           "the sender's \"whpk_\" public key instead of a \"whsec_\" secret";
+  if (v1_entries == 0)
+    return "webhook-signature has no v1 entry (expected space-separated \"v1,<base64>\")";
+  return "none of the " + std::to_string(v1_entries) +
+         " v1 signatures matches: the secret is wrong, or the body was changed (verify the raw "
+         "body bytes as received, before any parsing or re-encoding)";
+}
+
+/**
+ * Verifies one delivery: the three headers present, the timestamp unix seconds, then the
+ * signature, then the replay window. `signature_error(id, timestamp, signature, body)` returns
+ * why no signature of the header is genuine, or nothing when one is.
+ */
+template <class SignatureError>
+[[nodiscard]] WebhookVerification verify_standard_with(const ReplayWindow& window,
+                                                       std::optional<std::string_view> id,
+                                                       std::optional<std::string_view> timestamp,
+                                                       std::optional<std::string_view> signature,
+                                                       std::string_view body,
+                                                       const SignatureError& signature_error) {
   std::string missing;
   const auto note_missing = [&missing](const std::optional<std::string_view>& value,
                                        std::string_view name, std::string_view alternative) {
@@ -170,20 +233,36 @@ enum class StandardSecretProblem {
 
   // The signature is checked before the window, so `stale` and `future` only ever describe
   // genuine deliveries (replays, clock skew) and every forgery reads `bad_signature`.
-  std::size_t v1_entries = 0;
-  if (!standard_signature_matches(*signature, standard_mac(key, *id, *timestamp, body),
-                                  v1_entries)) {
-    if (v1_entries == 0)
-      return WebhookVerification::rejected(
-          WebhookRejection::bad_signature,
-          "webhook-signature has no v1 entry (expected space-separated \"v1,<base64>\")");
-    return WebhookVerification::rejected(
-        WebhookRejection::bad_signature,
-        "none of the " + std::to_string(v1_entries) +
-            " v1 signatures matches: the secret is wrong, or the body was changed (verify the "
-            "raw body bytes as received, before any parsing or re-encoding)");
-  }
+  if (std::optional<std::string> why = signature_error(*id, *timestamp, *signature, body))
+    return WebhookVerification::rejected(WebhookRejection::bad_signature, std::move(*why));
   return window.check(*id, *seconds);
+}
+
+/// Verifies one delivery's v1 signatures under an already decoded key.
+[[nodiscard]] inline WebhookVerification verify_standard(std::string_view key,
+                                                         const ReplayWindow& window,
+                                                         std::optional<std::string_view> id,
+                                                         std::optional<std::string_view> timestamp,
+                                                         std::optional<std::string_view> signature,
+                                                         std::string_view body) {
+  return verify_standard_with(
+      window, id, timestamp, signature, body,
+      [key](std::string_view i, std::string_view t, std::string_view s, std::string_view b) {
+        return standard_v1_signature_error(key, i, t, s, b);
+      });
+}
+
+/// Looks up the three Standard Webhooks headers (or their `svix-` names) in any header source
+/// and hands their values to `verify(id, timestamp, signature)`.
+template <header_source Headers, class Verify>
+[[nodiscard]] WebhookVerification with_standard_headers(const Headers& headers,
+                                                        const Verify& verify) {
+  // The found values own what the lookup returned; the views passed on point into them.
+  const auto& lookup = as_lookup(headers);
+  const auto id = find_header(lookup, "webhook-id", "svix-id");
+  const auto timestamp = find_header(lookup, "webhook-timestamp", "svix-timestamp");
+  const auto signature = find_header(lookup, "webhook-signature", "svix-signature");
+  return verify(id.value(), timestamp.value(), signature.value());
 }
 
 /// Verifies one delivery from any header source under an already decoded key.
@@ -192,12 +271,164 @@ template <header_source Headers>
                                                           const ReplayWindow& window,
                                                           const Headers& headers,
                                                           std::string_view body) {
-  // The found values own what the lookup returned; the views passed on point into them.
-  const auto& lookup = as_lookup(headers);
-  const auto id = find_header(lookup, "webhook-id", "svix-id");
-  const auto timestamp = find_header(lookup, "webhook-timestamp", "svix-timestamp");
-  const auto signature = find_header(lookup, "webhook-signature", "svix-signature");
-  return verify_standard(key, window, id.value(), timestamp.value(), signature.value(), body);
+  return with_standard_headers(headers, [&](auto id, auto timestamp, auto signature) {
+    return verify_standard(key, window, id, timestamp, signature, body);
+  });
+}
+
+// --- v1a: Ed25519 ---------------------------------------------------------------------------
+
+/// The prefix of Standard Webhooks Ed25519 public keys; the base64 of the raw key follows it.
+inline constexpr std::string_view standard_public_key_prefix = "whpk_";
+/// The prefix of Standard Webhooks Ed25519 signing (private) keys, which only the sender holds.
+inline constexpr std::string_view standard_signing_key_prefix = "whsk_";
+
+/// Most v1a entries one delivery may carry. A sender signs with one key, two while it rotates;
+/// each entry costs an Ed25519 verification, so a header stuffed with entries is refused before
+/// any of them is checked.
+inline constexpr std::size_t standard_max_v1a_entries = 8;
+
+/// What is wrong with a Standard Webhooks public key.
+enum class StandardPublicKeyProblem {
+  none,              ///< Usable.
+  empty,             ///< Nothing at all.
+  signing_key,       ///< A `whsk_` signing key: the sender's secret, never the receiver's.
+  symmetric_secret,  ///< A `whsec_` secret: it verifies v1, not v1a.
+  missing_prefix,    ///< Does not start with `whpk_`.
+  not_base64,        ///< A character outside standard base64 after `whpk_`.
+  inexact,           ///< Base64, but not exactly as encoded.
+  wrong_length,      ///< Decodes to something other than the 32 bytes of an Ed25519 key.
+};
+
+/// The raw Ed25519 key of a Standard Webhooks public key (`whpk_` + base64 of the 32-byte key,
+/// prefix required, base64 exact) and what is wrong with it; the key is zero unless the problem
+/// is `none`. The prefix is required so that a `whsec_` secret or a `whsk_` signing key given by
+/// mistake is refused instead of being read as a public key.
+[[nodiscard]] inline std::pair<Ed25519PublicKey::key_type, StandardPublicKeyProblem>
+decode_standard_public_key_checked(std::string_view text) {
+  Ed25519PublicKey::key_type key{};
+  if (text.empty()) return {key, StandardPublicKeyProblem::empty};
+  if (text.starts_with(standard_signing_key_prefix))
+    return {key, StandardPublicKeyProblem::signing_key};
+  if (text.starts_with(standard_secret_prefix))
+    return {key, StandardPublicKeyProblem::symmetric_secret};
+  if (!text.starts_with(standard_public_key_prefix))
+    return {key, StandardPublicKeyProblem::missing_prefix};
+  text.remove_prefix(standard_public_key_prefix.size());
+  const auto [bytes, problem] = decode_exact_base64(text);
+  switch (problem) {
+    case StandardSecretProblem::none:
+      break;
+    case StandardSecretProblem::empty:
+      return {key, StandardPublicKeyProblem::empty};
+    case StandardSecretProblem::inexact:
+      return {key, StandardPublicKeyProblem::inexact};
+    case StandardSecretProblem::not_base64:
+    case StandardSecretProblem::too_short:
+      return {key, StandardPublicKeyProblem::not_base64};
+  }
+  if (bytes.size() != key.size()) return {key, StandardPublicKeyProblem::wrong_length};
+  for (std::size_t i = 0; i < key.size(); ++i) key[i] = static_cast<unsigned char>(bytes[i]);
+  return {key, StandardPublicKeyProblem::none};
+}
+
+/// Why a public key is unusable, without ever repeating the key (it may be a secret given by
+/// mistake).
+[[nodiscard]] inline std::string unusable_standard_public_key_message(std::string_view text) {
+  std::string_view base64 = text;
+  if (base64.starts_with(standard_public_key_prefix))
+    base64.remove_prefix(standard_public_key_prefix.size());
+  switch (decode_standard_public_key_checked(text).second) {
+    case StandardPublicKeyProblem::empty:
+      return "the Standard Webhooks public key is empty; configure the sender's Ed25519 public "
+             "key, \"whpk_\" followed by base64";
+    case StandardPublicKeyProblem::signing_key:
+      return "a Standard Webhooks signing key (\"whsk_\") was given where the public key "
+             "(\"whpk_\") belongs; the signing key is the sender's secret and must never reach a "
+             "receiver: configure the sender's \"whpk_\" public key, and have the sender rotate "
+             "its signing key if it was copied out";
+    case StandardPublicKeyProblem::symmetric_secret:
+      return "a Standard Webhooks symmetric secret (\"whsec_\") was given to the Ed25519 (v1a) "
+             "verifier; verify v1 signatures with StandardWebhookVerifier and that secret, or "
+             "configure the sender's \"whpk_\" public key here";
+    case StandardPublicKeyProblem::missing_prefix:
+      return "the Standard Webhooks public key does not start with \"whpk_\"; copy the sender's "
+             "Ed25519 public key exactly as it shows it, \"whpk_\" followed by the base64 of the "
+             "32-byte key";
+    case StandardPublicKeyProblem::inexact:
+      return "the Standard Webhooks public key does not decode exactly: its " +
+             std::to_string(base64.size()) +
+             " base64 characters after \"whpk_\" are not a whole number of 4-character groups "
+             "with the padding they need, so a character was probably lost or added when it was "
+             "copied; copy the sender's public key again, whole";
+    case StandardPublicKeyProblem::wrong_length:
+      return "the Standard Webhooks public key decodes to " +
+             std::to_string(base64_decoded_size(base64).value_or(0)) +
+             " bytes, but an Ed25519 public key is exactly 32 bytes (44 base64 characters after "
+             "\"whpk_\"); copy the sender's public key again, whole (not a certificate, a PEM or "
+             "DER key, or a signature)";
+    case StandardPublicKeyProblem::not_base64:
+    case StandardPublicKeyProblem::none:
+      break;
+  }
+  return "the Standard Webhooks public key is not \"whpk_\" followed by standard base64 (A-Z a-z "
+         "0-9 + /, = padding); copy the sender's public key exactly as it shows it, without "
+         "surrounding spaces or a trailing newline";
+}
+
+/// The Ed25519 key of a Standard Webhooks public key, or `std::invalid_argument` saying what is
+/// wrong with it.
+[[nodiscard]] inline Ed25519PublicKey require_standard_public_key(std::string_view text) {
+  const auto [key, problem] = decode_standard_public_key_checked(text);
+  if (problem != StandardPublicKeyProblem::none)
+    throw std::invalid_argument("idemgate: " + unusable_standard_public_key_message(text));
+  return Ed25519PublicKey(key);
+}
+
+/// Why no v1a entry of `signature` is a valid Ed25519 signature of the delivery under `key`,
+/// or nothing when one is. v1 (HMAC) entries are never accepted here, whatever they hold.
+[[nodiscard]] inline std::optional<std::string> standard_v1a_signature_error(
+    const Ed25519PublicKey& key, std::string_view id, std::string_view timestamp,
+    std::string_view signature, std::string_view body) {
+  const std::size_t entries = count_standard_entries(signature, "v1a");
+  if (entries == 0 && count_standard_entries(signature, "v1") != 0)
+    return "webhook-signature has no v1a entry, only v1 (HMAC-SHA256) signatures: this endpoint "
+           "is configured with an Ed25519 public key and never accepts v1; have the sender sign "
+           "with its Ed25519 key (v1a), or verify with StandardWebhookVerifier and the endpoint's "
+           "\"whsec_\" secret";
+  if (entries == 0)
+    return "webhook-signature has no v1a entry (expected space-separated \"v1a,<base64>\")";
+  if (entries > standard_max_v1a_entries)
+    return "webhook-signature carries " + std::to_string(entries) + " v1a entries, more than " +
+           std::to_string(standard_max_v1a_entries) +
+           " (a sender signs with one key, two while it rotates); none was checked";
+
+  std::string message;
+  message.reserve(id.size() + timestamp.size() + body.size() + 2);
+  message.append(id).append(".").append(timestamp).append(".").append(body);
+  std::size_t malformed = 0;
+  while (!signature.empty()) {
+    const auto [version, value] = next_standard_entry(signature);
+    if (version != "v1a") continue;
+    Ed25519PublicKey::signature_type candidate{};
+    const std::optional<std::size_t> size =
+        base64_decode_into(value, candidate.data(), candidate.size());
+    if (size != candidate.size()) {
+      ++malformed;
+      continue;
+    }
+    if (key.verify(candidate, message)) return std::nullopt;
+  }
+  if (malformed == entries)
+    return "none of the " + std::to_string(entries) +
+           " v1a entries is a 64-byte Ed25519 signature in standard base64 (88 characters with "
+           "padding): the header was cut or altered on its way, or the sender does not sign v1a "
+           "as Standard Webhooks defines it";
+  return "none of the " + std::to_string(entries) + " v1a signatures verifies" +
+         (malformed == 0 ? std::string()
+                         : " (" + std::to_string(malformed) + " of them not even decodable)") +
+         ": the configured \"whpk_\" public key is not the sender's, or the body was changed "
+         "(verify the raw body bytes as received, before any parsing or re-encoding)";
 }
 
 /// `v1,<base64>` for one delivery under an already decoded key.
@@ -219,7 +450,8 @@ template <header_source Headers>
  * secret's key, of `webhook-id + "." + webhook-timestamp + "." + body` (compared in constant
  * time), and the timestamp is inside the replay window. The body must be the raw bytes as
  * received. Several space-separated signatures are allowed (key rotation); entries of other
- * versions are ignored. Header names are matched case-insensitively, and `svix-id`,
+ * versions are ignored (`v1a` ones included: Ed25519 deliveries are for
+ * `StandardWebhookEd25519Verifier`). Header names are matched case-insensitively, and `svix-id`,
  * `svix-timestamp` and `svix-signature` are accepted where the `webhook-` names are absent.
  *
  * An unusable secret (empty, not base64, base64 that does not decode exactly, or a key shorter
@@ -303,6 +535,99 @@ template <header_source Headers>
                                                        std::int64_t timestamp,
                                                        std::string_view body) {
   return detail::sign_standard(detail::require_standard_secret(secret), id, timestamp, body);
+}
+
+/**
+ * Verifies Standard Webhooks deliveries signed with Ed25519 (`v1a`) under one sender public key.
+ *
+ * A delivery passes when one `v1a` entry of `webhook-signature` is a valid Ed25519 signature,
+ * under the configured public key, of `webhook-id + "." + webhook-timestamp + "." + body`, and
+ * the timestamp is inside the replay window. As with `StandardWebhookVerifier`, the body must
+ * be the raw bytes as received, several space-separated signatures are allowed (key rotation;
+ * at most `detail::standard_max_v1a_entries` v1a entries), entries of other versions are
+ * ignored, and the `svix-` header names are accepted. `v1` (HMAC) entries are never accepted by
+ * this verifier, and `v1a` entries never by `StandardWebhookVerifier`: the algorithm is the
+ * endpoint's configuration, never the sender's choice. Ed25519 verification works on public
+ * values only, so it needs no constant-time comparison; OpenSSL does it.
+ *
+ * The public key is `whpk_` followed by the standard base64 of the raw 32-byte key, exactly as
+ * encoded. An unusable key (empty, without `whpk_`, a `whsec_` secret or a `whsk_` signing key,
+ * not exactly base64, not 32 bytes) throws `std::invalid_argument` from the constructor;
+ * `verify_standard_webhook_ed25519` reports it as `unusable_secret` instead, for keys looked up
+ * per request. Safe to share between threads when the injected clock is.
+ *
+ * Example:
+ *   idemgate::StandardWebhookEd25519Verifier verifier(std::getenv("WEBHOOK_PUBLIC_KEY"));
+ *   auto verified = verifier.verify(request.headers, request.body);  // whpk_…
+ *   if (!verified) return respond(400, verified.message());
+ *   auto key = idemgate::derive_key("messages.webhook", verified.id());
+ */
+class StandardWebhookEd25519Verifier {
+ public:
+  /// Decodes `public_key` (`whpk_` + base64 of 32 bytes); throws `std::invalid_argument` when it
+  /// is unusable or when the tolerance is out of range.
+  explicit StandardWebhookEd25519Verifier(std::string_view public_key, WebhookOptions options = {})
+      : key_(detail::require_standard_public_key(public_key)), window_(std::move(options)) {}
+
+  /// Verifies a delivery from its headers (a `header_lookup` or a `header_list`) and raw body.
+  template <header_source Headers>
+  [[nodiscard]] WebhookVerification verify(const Headers& headers, std::string_view body) const {
+    return detail::with_standard_headers(headers, [&](auto id, auto timestamp, auto signature) {
+      return verify_values(id, timestamp, signature, body);
+    });
+  }
+
+  /// Verifies a delivery from the three header values and the raw body.
+  [[nodiscard]] WebhookVerification verify(std::string_view id, std::string_view timestamp,
+                                           std::string_view signature,
+                                           std::string_view body) const {
+    return verify_values(id, timestamp, signature, body);
+  }
+
+  /// The replay window in use.
+  [[nodiscard]] const ReplayWindow& window() const noexcept { return window_; }
+
+ private:
+  [[nodiscard]] WebhookVerification verify_values(std::optional<std::string_view> id,
+                                                  std::optional<std::string_view> timestamp,
+                                                  std::optional<std::string_view> signature,
+                                                  std::string_view body) const {
+    return detail::verify_standard_with(
+        window_, id, timestamp, signature, body,
+        [this](std::string_view i, std::string_view t, std::string_view s, std::string_view b) {
+          return detail::standard_v1a_signature_error(key_, i, t, s, b);
+        });
+  }
+
+  detail::Ed25519PublicKey key_;
+  ReplayWindow window_;
+};
+
+/// Verifies one v1a delivery under `public_key` (`whpk_`…), reporting an unusable key as
+/// `unusable_secret` instead of throwing (for keys looked up per request, e.g. one per sender).
+template <header_source Headers>
+[[nodiscard]] WebhookVerification verify_standard_webhook_ed25519(std::string_view public_key,
+                                                                  const Headers& headers,
+                                                                  std::string_view body,
+                                                                  WebhookOptions options = {}) {
+  if (detail::decode_standard_public_key_checked(public_key).second !=
+      detail::StandardPublicKeyProblem::none)
+    return WebhookVerification::rejected(WebhookRejection::unusable_secret,
+                                         detail::unusable_standard_public_key_message(public_key));
+  return StandardWebhookEd25519Verifier(public_key, std::move(options)).verify(headers, body);
+}
+
+/// Verifies one v1a delivery from its three header values under `public_key` (`whpk_`…),
+/// reporting an unusable key as `unusable_secret` instead of throwing.
+[[nodiscard]] inline WebhookVerification verify_standard_webhook_ed25519(
+    std::string_view public_key, std::string_view id, std::string_view timestamp,
+    std::string_view signature, std::string_view body, WebhookOptions options = {}) {
+  if (detail::decode_standard_public_key_checked(public_key).second !=
+      detail::StandardPublicKeyProblem::none)
+    return WebhookVerification::rejected(WebhookRejection::unusable_secret,
+                                         detail::unusable_standard_public_key_message(public_key));
+  return StandardWebhookEd25519Verifier(public_key, std::move(options))
+      .verify(id, timestamp, signature, body);
 }
 
 }  // namespace idemgate

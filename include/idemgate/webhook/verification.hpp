@@ -34,9 +34,10 @@ enum class WebhookRejection {
                         ///< replay, or a delivery held up too long.
   future,               ///< Genuine signature, but the timestamp is further ahead than the
                         ///< tolerance: a clock is wrong.
-  bad_signature,        ///< No v1 signature matches: forged, body altered, or wrong secret.
-  unusable_secret,      ///< The configured secret is empty or does not decode: fix the
-                        ///< configuration; the sender is not at fault.
+  bad_signature,        ///< No signature of the verifier's scheme (v1, v1a) matches: forged,
+                        ///< body altered, or wrong secret or public key.
+  unusable_secret,      ///< The configured secret (or public key) is empty or does not decode:
+                        ///< fix the configuration; the sender is not at fault.
 };
 
 /// The lowercase name of a rejection, as used in logs and metrics.
