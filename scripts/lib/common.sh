@@ -9,7 +9,7 @@ IDEMGATE_PACKAGES=(
   postgresql postgresql-contrib
   clang libclang-rt-14-dev
   clang-16 libc++-16-dev libc++abi-16-dev
-  prometheus doxygen
+  prometheus prometheus-cpp-dev doxygen
   spin patch
 )
 
