@@ -1,6 +1,6 @@
 # Finds the dependencies of the core and declares the optional components. Shared by the build
 # and by the installed package config, so both resolve them the same way.
-include_guard(GLOBAL)
+include_guard(DIRECTORY)  # imported targets are seen in their directory and below
 
 find_package(OpenSSL REQUIRED)
 find_package(Threads REQUIRED)
