@@ -44,7 +44,8 @@ foreach(component IN LISTS IDEMGATE_COMPONENTS)
     install(EXPORT idemgate-${component}-targets
       NAMESPACE idemgate::
       DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idemgate)
-    string(REPLACE ";" ", " requires "idemgate = ${PROJECT_VERSION};${idemgate_${component}_pc_requires}")
+    set(requires "idemgate = ${PROJECT_VERSION};${idemgate_${component}_pc_requires}")
+    string(REPLACE ";" ", " requires "${requires}")
     idemgate_pkg_config(idemgate-${component}
       "idemgate::${component}: ${IDEMGATE_COMPONENT_${component}_NEEDS}" "${requires}" "")
   endif()

@@ -97,6 +97,16 @@ elseif(MODE STREQUAL "components")
   file(WRITE ${work}/src/CMakeLists.txt [=[
 cmake_minimum_required(VERSION 3.20)
 project(scratch LANGUAGES CXX)
+if(SIBLINGS)  # two directories that cannot see each other's imported targets, both asking
+  add_subdirectory(a)
+  add_subdirectory(b)
+else()
+  include(find.cmake)
+endif()
+]=])
+  file(WRITE ${work}/src/a/CMakeLists.txt "include(../find.cmake)\n")
+  file(WRITE ${work}/src/b/CMakeLists.txt "include(../find.cmake)\n")
+  file(WRITE ${work}/src/find.cmake [=[
 if(OPTIONAL)
   find_package(idemgate CONFIG REQUIRED OPTIONAL_COMPONENTS ${WANT})
 else()
@@ -104,7 +114,7 @@ else()
 endif()
 foreach(c IN LISTS WANT)
   if(idemgate_${c}_FOUND AND TARGET idemgate::${c})
-    message(STATUS "component ${c}: found")
+    message(STATUS "component ${c}: found in ${CMAKE_CURRENT_SOURCE_DIR}")
   elseif(NOT idemgate_${c}_FOUND AND NOT TARGET idemgate::${c})
     message(STATUS "component ${c}: not found")
   else()
@@ -112,11 +122,13 @@ foreach(c IN LISTS WANT)
   endif()
 endforeach()
 ]=])
-  # configure(<expected exit: 0 or 1> <WANT> <OPTIONAL> <HIDE>): with HIDE, SQLite's CMake
-  # module is disabled and pkg-config searches an empty folder, so SQLite and libpqxx (which
-  # Debian 12 offers through pkg-config only) cannot be found.
+  # configure(<expected exit: 0 or 1> <WANT> <OPTIONAL> <HIDE> [SIBLINGS]): with HIDE, SQLite's
+  # CMake module is disabled and pkg-config searches an empty folder, so SQLite and libpqxx
+  # (which Debian 12 offers through pkg-config only) cannot be found. SIBLINGS asks from two
+  # sibling directories instead of the top one.
   file(MAKE_DIRECTORY ${work}/empty)
   function(configure expect_rc want optional hide)
+    set(siblings ${ARGN})
     if(hide)
       set(ENV{PKG_CONFIG_LIBDIR} ${work}/empty)
       set(ENV{PKG_CONFIG_PATH} "")
@@ -125,7 +137,7 @@ endforeach()
     endif()
     execute_process(COMMAND ${CMAKE_COMMAND} -S ${work}/src -B ${work}/build -G ${GENERATOR}
         -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${prefix} "-DWANT=${want}"
-        -DOPTIONAL=${optional} -DCMAKE_DISABLE_FIND_PACKAGE_SQLite3=${hide}
+        -DOPTIONAL=${optional} -DCMAKE_DISABLE_FIND_PACKAGE_SQLite3=${hide} -DSIBLINGS=${siblings}
       RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
     if(expect_rc EQUAL 0 AND NOT rc EQUAL 0 OR NOT expect_rc EQUAL 0 AND rc EQUAL 0)
       message(FATAL_ERROR "find_package(idemgate COMPONENTS ${want}) (dependencies hidden: "
@@ -138,12 +150,12 @@ endforeach()
   # SQLite made unfindable: the configuration fails and says what to install. (The runs with
   # hidden dependencies come first: pkg-config's results, once found, are cached.)
   configure(1 "sqlite" OFF ON)
-  expect("${text}" "the component 'sqlite' needs SQLite 3, which was not found: install the Debian package libsqlite3-dev"
-    "a required component whose dependency is missing")
+  expect("${text}" "the component 'sqlite' needs SQLite 3, which was not found: install the \
+Debian package libsqlite3-dev" "a required component whose dependency is missing")
   # libpqxx made unfindable.
   configure(1 "postgres" OFF ON)
-  expect("${text}" "the component 'postgres' needs libpqxx with libpq, which was not found: install the Debian package libpqxx-dev"
-    "a required component whose dependency is missing")
+  expect("${text}" "the component 'postgres' needs libpqxx with libpq, which was not found: \
+install the Debian package libpqxx-dev" "a required component whose dependency is missing")
   # As an optional component, the same gap leaves the package found and says what is left out.
   configure(0 "sqlite" ON ON)
   expect("${text}" "optional component left out: the component 'sqlite' needs SQLite 3"
@@ -156,7 +168,13 @@ endforeach()
   # Every component, with its dependencies there.
   configure(0 "postgres;sqlite;http;testing" OFF OFF)
   foreach(c postgres sqlite http testing)
-    expect("${text}" "component ${c}: found" "the installed component ${c}")
+    expect("${text}" "component ${c}: found in ${work}/src " "the installed component ${c}")
+  endforeach()
+  # The same from two sibling directories of one project: each gets every component.
+  configure(0 "postgres;sqlite;http;testing" OFF OFF ON)
+  foreach(c postgres sqlite http testing)
+    expect("${text}" "component ${c}: found in ${work}/src/a .*component ${c}: found in \
+${work}/src/b" "the component ${c} in both sibling directories")
   endforeach()
   message(STATUS "each missing component failed the configuration with its Debian package")
 
