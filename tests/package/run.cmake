@@ -94,8 +94,9 @@ elseif(MODE STREQUAL "subdirectory" OR MODE STREQUAL "fetchcontent")
 elseif(MODE STREQUAL "components")
   # A scratch consumer asking for components; one build tree, so the compiler is probed once.
   file(REMOVE_RECURSE ${work})
+  # Its minimum is old on purpose: the package config must not depend on the consumer's policies.
   file(WRITE ${work}/src/CMakeLists.txt [=[
-cmake_minimum_required(VERSION 3.20)
+cmake_minimum_required(VERSION 3.1)
 project(scratch LANGUAGES CXX)
 if(SIBLINGS)  # two directories that cannot see each other's imported targets, both asking
   add_subdirectory(a)
