@@ -36,9 +36,13 @@ endfunction()
 # runs its programs and builds its own `docs` target.
 function(consumer way)
   file(REMOVE_RECURSE ${work})
+  if(way STREQUAL "package")
+    set(from -DCMAKE_PREFIX_PATH=${prefix})
+  else()
+    set(from -DCONSUMER_IDEMGATE_SOURCE=${SOURCE_DIR})
+  endif()
   step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package -B ${work} -G ${GENERATOR}
-    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${prefix}
-    -DCONSUMER_TAKES_IDEMGATE_AS=${way} -DCONSUMER_IDEMGATE_SOURCE=${SOURCE_DIR})
+    -DCMAKE_CXX_COMPILER=${CXX} -DCONSUMER_TAKES_IDEMGATE_AS=${way} ${from})
   step(${CMAKE_COMMAND} --build ${work} -j2)
   step(${work}/consumer)
   step(${work}/wrap_one_call)
