@@ -1,0 +1,37 @@
+#include <idemgate/idemgate.hpp>
+#include <idemgate/store/sqlite.hpp>
+
+#include <cstdio>
+#include <string>
+
+struct Terminal {
+  using request_type = std::string;
+  using outcome_type = std::string;
+  static constexpr bool honours_idempotency_key = true;
+  idemgate::ClaimResult<std::string> claim(const std::string& container, const idemgate::Key&) {
+    return "slot-for-" + container;
+  }
+};
+
+int main() {
+  idemgate::SqliteStore store{":memory:"};
+  store.migrate();
+  Terminal terminal;
+  int bookings = 0;
+  idemgate::Gate gate{
+      store, terminal,
+      [&](idemgate::SqliteTransaction& tx, const std::string& container, const std::string& slot) {
+        tx.exec("CREATE TABLE IF NOT EXISTS bookings (container TEXT, slot TEXT)");
+        bookings +=
+            static_cast<int>(tx.exec("INSERT INTO bookings VALUES (?, ?)", container, slot));
+      }};
+  const auto key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU1");
+  const auto first = gate.process(key, "MSKU1");
+  const auto second = gate.process(key, "MSKU1");
+  std::printf("sqlite %s %s %d\n", std::string(to_string(first.status())).c_str(),
+              std::string(to_string(second.status())).c_str(), bookings);
+  return first.status() == idemgate::Status::processed &&
+                 second.status() == idemgate::Status::duplicate && bookings == 1
+             ? 0
+             : 1;
+}
