@@ -119,7 +119,8 @@ idemgate_stop_postgres() {
 # of idemgate_start_postgres (call that first). Every database name goes to the same database on
 # that server (pool of 20 server connections per database); two more, idemgate_pool1 and
 # idemgate_pool2, go to its database "postgres" over pools of exactly one and two server
-# connections, for tests that need to know which connection a transaction gets. Config, auth
+# connections, for tests that need to know which connection a transaction gets; and
+# idemgate_session goes there in pool_mode = session, for comparisons (bench_pooling). Config, auth
 # file, pid file and log live in a temp dir; it runs as postgres when root (it refuses root).
 # Sets IDEMGATE_PGBOUNCER_DIR and exports IDEMGATE_TEST_PGBOUNCER (its URI, database postgres).
 idemgate_start_pgbouncer() {
@@ -144,6 +145,7 @@ idemgate_start_pgbouncer() {
 [databases]
 idemgate_pool1 = $server dbname=postgres pool_size=1
 idemgate_pool2 = $server dbname=postgres pool_size=2
+idemgate_session = $server dbname=postgres pool_mode=session
 * = $server
 [pgbouncer]
 listen_addr = 127.0.0.1
