@@ -1,28 +1,28 @@
 // What PostgresOptions::pooling costs: one gated event and one duplicate, with the store's named
 // prepared statements (PostgresPooling::session) and with unnamed ones
-// (PostgresPooling::transaction), directly and through PgBouncer:
-//   pooling/<path>/<statements>/gate       one gated event (no-op downstream, 1 worker)
-//   pooling/<path>/<statements>/duplicate  a redelivery of a committed event (one round trip)
-// <path> is `direct` (--pg), `pgbouncer_session` (--pgbouncer-session: PgBouncer with
-// pool_mode = session) or `pgbouncer_transaction` (--pgbouncer: pool_mode = transaction, where
-// named statements do not work and are not run). <statements> is `named` or `unnamed`.
-// The business write is the same unnamed INSERT everywhere, so only the store's own statements
-// differ. Latencies are per event (p50_us, p99_us).
+// (PostgresPooling::transaction), directly and through PgBouncer. The variants take turns event
+// by event inside one benchmark, so a machine whose load drifts weighs on all of them alike:
+//   pooling/gate       one gated event (no-op downstream, 1 worker) per variant per iteration
+//   pooling/duplicate  a redelivery of a committed event (one round trip), likewise
+// Each variant reports <path>_<statements>_p50_us and _p99_us. <path> is `direct` (--pg),
+// `session` (--pgbouncer-session: PgBouncer with pool_mode = session) or `transaction`
+// (--pgbouncer: pool_mode = transaction, where named statements fail and are not run);
+// <statements> is `named` or `unnamed`. The business write is the same unnamed INSERT
+// everywhere, so only the store's own statements differ.
 //
-// Flags: --pg=URI (required), --pgbouncer=URI, --pgbouncer-session=URI, --events=N per run;
-// plus Google Benchmark's own. docs/stores.md says how to start both and run it.
+// Flags: --pg=URI (required), --pgbouncer=URI, --pgbouncer-session=URI, --events=N per variant;
+// plus Google Benchmark's own. docs/stores.md says how to start PgBouncer and run it.
 
 #include "postgres_workload.hpp"
 
 #include <idemgate/gate.hpp>
 #include <idemgate/store/postgres.hpp>
 
-#include <functional>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -63,40 +63,62 @@ struct GatedStore {
 
 std::int64_t events = 2000;
 
-// One gated store per (URI, pooling), built on first use outside the timed loops.
-GatedStore& gated(const std::string& uri, PostgresPooling pooling) {
-  static std::map<std::pair<std::string, PostgresPooling>, std::unique_ptr<GatedStore>> stores;
-  auto& slot = stores[{uri, pooling}];
-  if (!slot) slot = std::make_unique<GatedStore>(uri, pooling);
-  return *slot;
+// One way to reach the server, with one pooling mode: a gate and the latencies of its events.
+struct Variant {
+  std::string name;
+  std::unique_ptr<GatedStore> gated;
+  std::unique_ptr<Latencies> latencies;
+};
+
+std::vector<Variant> variants;
+
+void add_variant(const std::string& path, const std::string& uri, PostgresPooling pooling) {
+  variants.push_back({path + (pooling == PostgresPooling::session ? "_named" : "_unnamed"),
+                      std::make_unique<GatedStore>(uri, pooling), nullptr});
 }
 
-void gated_event(benchmark::State& state, std::string uri, PostgresPooling pooling) {
+void report(benchmark::State& state) {
+  for (Variant& v : variants) {
+    state.counters[v.name + "_p50_us"] = v.latencies->percentile_us(50);
+    state.counters[v.name + "_p99_us"] = v.latencies->percentile_us(99);
+  }
+}
+
+void gated_events(benchmark::State& state) {
   guarded(state, [&] {
-    PgGate& gate = gated(uri, pooling).gate;
-    timed_events(state, "bench.pooling", [&](const idemgate::Key& key) {
-      auto result = gate.process(key, idemgate::bench::request());
+    idemgate::bench::KeySource keys;
+    const auto event = [&](Variant& v) {
+      auto result = v.gated->gate.process(keys.next("bench.pooling"), idemgate::bench::request());
       benchmark::DoNotOptimize(result);
       expect_processed(result);
-    });
+    };
+    for (Variant& v : variants) {
+      for (int i = 0; i < idemgate::bench::warm_up; ++i) event(v);
+      v.latencies = std::make_unique<Latencies>(static_cast<std::size_t>(state.max_iterations));
+    }
+    for (auto _ : state)
+      for (Variant& v : variants) v.latencies->time([&] { event(v); });
+    report(state);
   });
 }
 
-void duplicate(benchmark::State& state, std::string uri, PostgresPooling pooling) {
+void duplicates(benchmark::State& state) {
   guarded(state, [&] {
-    PgGate& gate = gated(uri, pooling).gate;
     const idemgate::Key key = idemgate::bench::KeySource().next("bench.pooling.duplicate");
-    expect_processed(gate.process(key, idemgate::bench::request()));
-    const auto redeliver = [&] {
-      auto result = gate.process(key, idemgate::bench::request());
+    const auto redeliver = [&](Variant& v) {
+      auto result = v.gated->gate.process(key, idemgate::bench::request());
       benchmark::DoNotOptimize(result);
       if (result.status() != idemgate::Status::duplicate)
         throw std::runtime_error("a redelivery was not answered as a duplicate");
     };
-    for (int i = 0; i < idemgate::bench::warm_up; ++i) redeliver();
-    Latencies latencies(static_cast<std::size_t>(state.max_iterations));
-    for (auto _ : state) latencies.time(redeliver);
-    latencies.report(state);
+    expect_processed(variants.front().gated->gate.process(key, idemgate::bench::request()));
+    for (Variant& v : variants) {
+      for (int i = 0; i < idemgate::bench::warm_up; ++i) redeliver(v);
+      v.latencies = std::make_unique<Latencies>(static_cast<std::size_t>(state.max_iterations));
+    }
+    for (auto _ : state)
+      for (Variant& v : variants) v.latencies->time([&] { redeliver(v); });
+    report(state);
   });
 }
 
@@ -124,21 +146,21 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  const auto add = [](const std::string& path, const std::string& uri, PostgresPooling pooling) {
-    const std::string name =
-        "pooling/" + path + (pooling == PostgresPooling::session ? "/named" : "/unnamed");
-    for (auto* b :
-         {benchmark::RegisterBenchmark((name + "/gate").c_str(), gated_event, uri, pooling),
-          benchmark::RegisterBenchmark((name + "/duplicate").c_str(), duplicate, uri, pooling)})
-      b->Iterations(events)->UseRealTime()->Unit(benchmark::kMicrosecond);
-  };
-  add("direct", direct, PostgresPooling::session);
-  add("direct", direct, PostgresPooling::transaction);
-  if (const std::string session = flags.text("pgbouncer-session"); !session.empty()) {
-    add("pgbouncer_session", session, PostgresPooling::session);
-    add("pgbouncer_session", session, PostgresPooling::transaction);
+  try {
+    add_variant("direct", direct, PostgresPooling::session);
+    add_variant("direct", direct, PostgresPooling::transaction);
+    if (const std::string session = flags.text("pgbouncer-session"); !session.empty()) {
+      add_variant("session", session, PostgresPooling::session);
+      add_variant("session", session, PostgresPooling::transaction);
+    }
+    if (const std::string transaction = flags.text("pgbouncer"); !transaction.empty())
+      add_variant("transaction", transaction, PostgresPooling::transaction);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_pooling: cannot connect: " << e.what() << '\n';
+    return 1;
   }
-  if (const std::string transaction = flags.text("pgbouncer"); !transaction.empty())
-    add("pgbouncer_transaction", transaction, PostgresPooling::transaction);
+  for (auto* b : {benchmark::RegisterBenchmark("pooling/gate", gated_events),
+                  benchmark::RegisterBenchmark("pooling/duplicate", duplicates)})
+    b->Iterations(events)->UseRealTime()->Unit(benchmark::kMicrosecond);
   return idemgate::bench::run_benchmarks(argc, argv);
 }

@@ -1,9 +1,10 @@
 // PostgresStore behind PgBouncer in transaction pooling mode (IDEMGATE_TEST_PGBOUNCER, started by
 // scripts/test; the tests fail without it): why PostgresPooling::transaction is needed, and that
-// it keeps nothing in the server's sessions. The pools idemgate_pool1 and idemgate_pool2 of that
-// PgBouncer hold exactly one and two server connections, so which connection a transaction gets
-// is known.
+// it keeps nothing in the server's sessions. The last test needs only the server. The pools
+// idemgate_pool1 and idemgate_pool2 of that PgBouncer hold exactly one and two server connections,
+// so which connection a transaction gets is known.
 
+#include "support/pg_fault_proxy.hpp"
 #include "support/pgbouncer.hpp"
 #include "support/postgres.hpp"
 
@@ -205,4 +206,30 @@ TEST_F(PgBouncerTransactionPooling, RelaxedReservationsLeaveNoSettingOnTheServer
                               .relaxed_reservations = true,
                               .pooling = PostgresPooling::session});
   EXPECT_EQ(synchronous_commit_seen_through(pool1), "off");
+}
+
+TEST(TransactionPooling, ARelaxedReservationWhoseCommitReplyIsLostIsRecognisedOnTheNextConnection) {
+  // Behind a transaction pooler a relaxed reservation is a transaction of its own; a COMMIT
+  // whose answer is lost leaves libpqxx in doubt. The store tries again on a fresh connection,
+  // where the holder token shows the row is this reservation's own.
+  const std::string direct = t::pg_uri();
+  ASSERT_FALSE(direct.empty());
+  const std::string log = t::unique_table("pgbdoubt");
+  t::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches");
+  PostgresStore(direct, {.table = log}).migrate();
+  t::PgFaultProxy proxy(direct);
+  PostgresStore store(proxy.uri(), {.table = log,
+                                    .checkout_timeout = 5s,
+                                    .relaxed_reservations = true,
+                                    .pooling = PostgresPooling::transaction});
+  const Key key = idemgate::derive_key("pgbouncer", "in doubt");
+  const std::string request = "request";
+  proxy.arm(t::Fault::lose_reply, "COMMIT");
+  const Reservation reservation =
+      store.reserve(key, idemgate::detail::sha256(request), request, 1min);
+  EXPECT_TRUE(proxy.wait_fired(5s));
+  EXPECT_EQ(reservation.kind, Reservation::Kind::acquired);
+  EXPECT_EQ(reservation.fence, 1);
+  EXPECT_EQ(t::pg_count("SELECT count(*) FROM " + log + " WHERE status = 'in_flight'"), 1);
+  t::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches");
 }
