@@ -39,9 +39,9 @@ enum class PostgresPooling {
   /// `pool_mode = session`. The store prepares its statements once per connection.
   session,
   /// A pooler hands each transaction whichever server connection is free: PgBouncer with
-  /// `pool_mode = transaction` (before 1.21, or without `max_prepared_statements`). The store
-  /// keeps no state in the session: no named prepared statements (each statement goes with its
-  /// text and parameters, unnamed), no session-level `SET`.
+  /// `pool_mode = transaction`. The store keeps no state in the session: no named prepared
+  /// statements (each statement goes with its text and parameters, unnamed), no session-level
+  /// `SET`. Your business write must keep none either (docs/stores.md).
   transaction,
 };
 
