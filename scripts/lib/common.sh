@@ -164,9 +164,10 @@ pidfile = $dir/pgbouncer.pid
 INI
     if [[ $(id -u) -eq 0 ]]; then chown -R postgres:postgres "$dir"; fi
     if idemgate_as_pg "$exe" -d -q "$dir/pgbouncer.ini" 2>>"$dir/start.log"; then
-      local wait
-      for wait in $(seq 1 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      for _ in $(seq 1 100); do
+        # Its own process listens (not another one that took the port meanwhile).
+        if [[ -s $dir/pgbouncer.pid ]] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null &&
+          (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
           export IDEMGATE_TEST_PGBOUNCER="postgresql://postgres@127.0.0.1:$port/postgres"
           idemgate_log "PgBouncer (transaction pooling) on 127.0.0.1:$port (files in $dir)"
           return 0
