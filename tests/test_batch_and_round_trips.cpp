@@ -1,7 +1,10 @@
 // Round trips counted at the server, batches, relaxed reservations and the duplicate cache.
+// With IDEMGATE_TEST_THROUGH=pgbouncer (a second ctest run), the stores go through PgBouncer in
+// transaction pooling mode with PostgresPooling::transaction; the counts are read at the server.
 
 #include "support/fake_terminal.hpp"
 #include "support/pg_bookings.hpp"
+#include "support/pgbouncer.hpp"
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
 
@@ -31,6 +34,8 @@ using idemgate::RecordStatus;
 using idemgate::Status;
 using idemgate::test::FakeTerminal;
 using idemgate::test::SlotRequest;
+using idemgate::test::store_options;
+using idemgate::test::store_uri;
 namespace pq = idemgate::detail::pq;
 using namespace std::chrono_literals;
 
@@ -97,7 +102,7 @@ TEST(RoundTrips, FirstDeliveryAddsTwoStatementsToTheBusinessWriteAndADuplicateCo
   OwnDatabase db;
   db.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
   db.exec(idemgate::test::bookings_ddl("bookings"));
-  PostgresStore store(db.uri());
+  PostgresStore store(store_uri(db.uri()), store_options({}));
   store.migrate();
   FakeTerminal<> terminal;
   Gate gate{store, terminal, idemgate::test::PgBookingWriter{"bookings"}};
@@ -139,7 +144,7 @@ TEST(RoundTrips, BatchOfTenReservesInOneStatementAndCommitsInOneTransaction) {
   OwnDatabase db;
   db.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
   db.exec(idemgate::test::bookings_ddl("bookings"));
-  PostgresStore store(db.uri());
+  PostgresStore store(store_uri(db.uri()), store_options({}));
   store.migrate();
   FakeTerminal<> terminal;
   Gate gate{store, terminal, idemgate::test::PgBookingWriter{"bookings"}};
@@ -165,9 +170,10 @@ TEST(Batch, ABatchLongerThanItsLeaseKeepsItsLeasesOnPostgres) {
   ASSERT_FALSE(idemgate::test::pg_uri().empty());
   OwnDatabase db;
   db.exec(idemgate::test::bookings_ddl("bookings"));
-  PostgresStore store(db.uri());
+  PostgresStore store(store_uri(db.uri()), store_options({}));
   store.migrate();
-  PostgresStore other(db.uri());  // a second consumer, where the redelivery lands
+  PostgresStore other(store_uri(db.uri()),
+                      store_options({}));  // a second consumer, where the redelivery lands
   FakeTerminal<> terminal;
   terminal.set_delay(80ms);  // 10 claims: 800 ms against a lease of 300 ms
   Gate gate{store, terminal, idemgate::test::PgBookingWriter{"bookings"}, {.lease = 300ms}};
@@ -267,7 +273,7 @@ TEST(Batch, UnusableFirstCopyDoesNotSinkAUsableLaterOne) {
 }
 
 TEST_F(PostgresBatch, BatchesFromFourThreadsWithOverlappingKeysClaimEachEventOnce) {
-  PostgresStore store(uri, {.table = log, .pool_size = 4});
+  PostgresStore store(store_uri(uri), store_options({.table = log, .pool_size = 4}));
   store.migrate();
   FakeTerminal<> terminal;
   terminal.ignores_keys = true;  // a second claim for an event would be a second slot
@@ -295,7 +301,7 @@ TEST_F(PostgresBatch, BatchesFromFourThreadsWithOverlappingKeysClaimEachEventOnc
 }
 
 TEST_F(PostgresBatch, OneRefusedBusinessWriteDoesNotTakeTheOthersDown) {
-  PostgresStore store(uri, {.table = log});
+  PostgresStore store(store_uri(uri), store_options({.table = log}));
   store.migrate();
   FakeTerminal<> terminal;
   Gate gate{store, terminal,
@@ -319,7 +325,7 @@ TEST_F(PostgresBatch, OneRefusedBusinessWriteDoesNotTakeTheOthersDown) {
 }
 
 TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
-  PostgresStore store(uri, {.table = log});
+  PostgresStore store(store_uri(uri), store_options({.table = log}));
   store.migrate();
   const std::string request = "request";
   const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
@@ -349,7 +355,8 @@ TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
 
   // Through the gate: a worker stalls on one event of its batch past the lease, a redelivery
   // takes that event over; the batch commits the other two and loses that one.
-  PostgresStore other(uri, {.table = log});  // the consumer where the redelivery lands
+  PostgresStore other(store_uri(uri),
+                      store_options({.table = log}));  // the consumer where the redelivery lands
   FakeTerminal<> terminal;
   Gate gate{store, terminal, booking_writer()};
   std::vector<BatchMessage<SlotRequest>> batch;
@@ -374,7 +381,7 @@ TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
 }
 
 TEST_F(PostgresBatch, EveryBatchReservationThatMeetsAKeyIsCountedOnItsRow) {
-  PostgresStore store(uri, {.table = log});
+  PostgresStore store(store_uri(uri), store_options({.table = log}));
   store.migrate();
   const std::string request = "request";
   const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
@@ -401,7 +408,8 @@ TEST_F(PostgresBatch, EveryBatchReservationThatMeetsAKeyIsCountedOnItsRow) {
 }
 
 TEST_F(PostgresBatch, RelaxedReservationsKeepExclusionAndCommitsDurable) {
-  PostgresStore store(uri, {.table = log, .pool_size = 4, .relaxed_reservations = true});
+  PostgresStore store(store_uri(uri),
+                      store_options({.table = log, .pool_size = 4, .relaxed_reservations = true}));
   store.migrate();
   EXPECT_TRUE(store.relaxed_reservations());
   {
@@ -424,7 +432,7 @@ TEST_F(PostgresBatch, RelaxedReservationsKeepExclusionAndCommitsDurable) {
 }
 
 TEST_F(PostgresBatch, RelaxedReservationsSkipTheFlushAndAnInFlightAnswerWaitsForOne) {
-  PostgresStore store(uri, {.table = log, .relaxed_reservations = true});
+  PostgresStore store(store_uri(uri), store_options({.table = log, .relaxed_reservations = true}));
   store.migrate();
   // Every write to the log notes the synchronous_commit it ran under, in order.
   const std::string notes = log + "_notes";
@@ -478,7 +486,7 @@ TEST_F(PostgresBatch, RelaxedReservationsSkipTheFlushAndAnInFlightAnswerWaitsFor
 }
 
 TEST_F(PostgresBatch, RelaxedReservationLostInACrashIsNeverAcked) {
-  PostgresStore store(uri, {.table = log, .relaxed_reservations = true});
+  PostgresStore store(store_uri(uri), store_options({.table = log, .relaxed_reservations = true}));
   store.migrate();
   FakeTerminal<> terminal;
   // The database loses the asynchronously committed reservation while the downstream works.
@@ -504,7 +512,7 @@ TEST_F(PostgresBatch, RelaxedReservationLostInACrashIsNeverAcked) {
 }
 
 TEST_F(PostgresBatch, RelaxedReservationsAreRefusedWhenTheDownstreamIgnoresKeys) {
-  PostgresStore store(uri, {.table = log, .relaxed_reservations = true});
+  PostgresStore store(store_uri(uri), store_options({.table = log, .relaxed_reservations = true}));
   FakeTerminal<false> blind;
   auto make = [&] {
     Gate gate{store, blind, booking_writer()};

@@ -6,7 +6,7 @@ IDEMGATE_PACKAGES=(
   g++ cmake make pkg-config
   libssl-dev libpqxx-dev libsqlite3-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  postgresql postgresql-contrib
+  postgresql postgresql-contrib pgbouncer
   clang libclang-rt-14-dev
   clang-16 libc++-16-dev libc++abi-16-dev
   prometheus prometheus-cpp-dev doxygen
@@ -113,4 +113,92 @@ idemgate_stop_postgres() {
     >/dev/null 2>&1 || true
   rm -rf "$IDEMGATE_PG_DIR"
   IDEMGATE_PG_DIR=
+}
+
+# Starts PgBouncer in transaction pooling mode on a free loopback port, in front of the server
+# of idemgate_start_postgres (call that first). Every database name goes to the same database on
+# that server (pool of 20 server connections per database); two more, idemgate_pool1 and
+# idemgate_pool2, go to its database "postgres" over pools of exactly one and two server
+# connections, for tests that need to know which connection a transaction gets; and
+# idemgate_session goes there in pool_mode = session, for comparisons (bench_pooling). Config, auth
+# file, pid file and log live in a temp dir; it runs as postgres when root (it refuses root).
+# Sets IDEMGATE_PGBOUNCER_DIR and exports IDEMGATE_TEST_PGBOUNCER (its URI, database postgres).
+idemgate_start_pgbouncer() {
+  if [[ -z ${IDEMGATE_PG_PORT:-} ]]; then
+    echo "idemgate_start_pgbouncer: start PostgreSQL first (idemgate_start_postgres)" >&2
+    return 1
+  fi
+  if ! command -v pgbouncer >/dev/null && [[ ! -x /usr/sbin/pgbouncer ]]; then
+    echo "pgbouncer not found; install the Debian package pgbouncer" >&2
+    return 1
+  fi
+  local exe dir port try
+  exe=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+  dir=$(mktemp -d /tmp/idemgate-pgbouncer.XXXXXX)
+  IDEMGATE_PGBOUNCER_DIR=$dir
+  chmod 755 "$dir"
+  printf '"postgres" ""\n' >"$dir/users.txt"
+  for try in 1 2 3 4 5; do
+    port=$(idemgate_free_port)
+    local server="host=127.0.0.1 port=$IDEMGATE_PG_PORT"
+    cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+idemgate_pool1 = $server dbname=postgres pool_size=1
+idemgate_pool2 = $server dbname=postgres pool_size=2
+idemgate_session = $server dbname=postgres pool_mode=session
+* = $server
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir = $dir
+auth_type = trust
+auth_file = $dir/users.txt
+pool_mode = transaction
+default_pool_size = 20
+max_client_conn = 500
+server_round_robin = 0
+server_check_delay = 3600
+ignore_startup_parameters = extra_float_digits
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+    if [[ $(id -u) -eq 0 ]]; then chown -R postgres:postgres "$dir"; fi
+    if idemgate_as_pg "$exe" -d -q "$dir/pgbouncer.ini" 2>>"$dir/start.log"; then
+      for _ in $(seq 1 100); do
+        # Its own process listens (not another one that took the port meanwhile).
+        if [[ -s $dir/pgbouncer.pid ]] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null &&
+          (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+          export IDEMGATE_TEST_PGBOUNCER="postgresql://postgres@127.0.0.1:$port/postgres"
+          idemgate_log "PgBouncer (transaction pooling) on 127.0.0.1:$port (files in $dir)"
+          return 0
+        fi
+        sleep 0.05
+      done
+    fi
+    idemgate_stop_pgbouncer_process
+  done
+  cat "$dir/start.log" "$dir/pgbouncer.log" >&2 2>/dev/null
+  return 1
+}
+
+# Ends the PgBouncer process of idemgate_start_pgbouncer, if one runs (its pid file's).
+idemgate_stop_pgbouncer_process() {
+  local pidfile="$IDEMGATE_PGBOUNCER_DIR/pgbouncer.pid" pid
+  [[ -f $pidfile ]] || return 0
+  pid=$(cat "$pidfile")
+  if [[ -n $pid ]] && kill "$pid" 2>/dev/null; then
+    for _ in $(seq 1 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+  fi
+  rm -f "$pidfile"
+}
+
+# Stops the PgBouncer of idemgate_start_pgbouncer and removes its files.
+idemgate_stop_pgbouncer() {
+  [[ -n ${IDEMGATE_PGBOUNCER_DIR:-} && -d $IDEMGATE_PGBOUNCER_DIR ]] || return 0
+  idemgate_stop_pgbouncer_process
+  rm -rf "$IDEMGATE_PGBOUNCER_DIR"
+  IDEMGATE_PGBOUNCER_DIR=
 }

@@ -1,6 +1,9 @@
 // The store conformance suite over PostgresStore, the SQL suite included. Needs the server in
-// IDEMGATE_TEST_PG (scripts/test starts one); fails without it.
+// IDEMGATE_TEST_PG (scripts/test starts one); fails without it. With
+// IDEMGATE_TEST_THROUGH=pgbouncer (a second ctest run), the store goes through the PgBouncer in
+// IDEMGATE_TEST_PGBOUNCER in transaction pooling mode, with PostgresPooling::transaction.
 
+#include "support/pgbouncer.hpp"
 #include "support/postgres.hpp"
 
 #include <idemgate/store/postgres.hpp>
@@ -32,8 +35,10 @@ struct PostgresTraits {
     t::pg_exec("CREATE TABLE " + bookings +
                " (id bigserial PRIMARY KEY, source_event bytea NOT NULL, note text NOT NULL)");
     // Eight connections: the concurrency tests run eight threads that really race.
+    const std::string store_uri = t::store_uri(uri);
+    ASSERT_FALSE(store_uri.empty());
     store = std::make_unique<Store>(
-        uri, idemgate::PostgresOptions{.table = log, .pool_size = 8, .checkout_timeout = 5s});
+        store_uri, t::store_options({.table = log, .pool_size = 8, .checkout_timeout = 5s}));
     store->migrate();
   }
   void tear_down() {

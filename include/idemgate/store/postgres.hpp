@@ -33,6 +33,18 @@
 
 namespace idemgate {
 
+/// What lies between a `PostgresStore` and the server (`PostgresOptions::pooling`).
+enum class PostgresPooling {
+  /// Each connection is a server session of its own: the server directly, or PgBouncer with
+  /// `pool_mode = session`. The store prepares its statements once per connection.
+  session,
+  /// A pooler hands each transaction whichever server connection is free: PgBouncer with
+  /// `pool_mode = transaction`. The store keeps no state in the session: no named prepared
+  /// statements (each statement goes with its text and parameters, unnamed), no session-level
+  /// `SET`. Your business write must keep none either (docs/stores.md).
+  transaction,
+};
+
 /// Tuning of a `PostgresStore`.
 struct PostgresOptions {
   /// The idempotency log's table, optionally schema-qualified (`ops.idemgate_log`).
@@ -51,6 +63,13 @@ struct PostgresOptions {
   /// the downstream's idempotency key prevents a double effect. Off by default; a `Gate` refuses
   /// it with a downstream that does not honour keys.
   bool relaxed_reservations = false;
+  /// What lies between the store and the server. Behind PgBouncer in transaction pooling mode,
+  /// use `PostgresPooling::transaction`: a named statement prepared in one transaction is not
+  /// there in the next, which may run on another server connection. It costs the server a parse
+  /// and plan of every statement (see docs/stores.md for the measured cost); with relaxed
+  /// reservations, each reservation also becomes a transaction of its own that sets
+  /// `synchronous_commit` locally (three round trips more).
+  PostgresPooling pooling = PostgresPooling::session;
 };
 
 namespace detail {
@@ -194,9 +213,13 @@ class PostgresStore {
         table_(detail::checked_table_name(options_.table)),
         sql_(statements(table_)),
         pool_(uri, options_.pool_size, options_.checkout_timeout) {
+    // Behind a transaction pooler, a session-level SET would stay on whichever server
+    // connection ran it and leave other clients' commits, this store's own included, without
+    // the WAL flush: relaxed reservations set it per transaction there (reserve_statement).
     if (options_.relaxed_reservations)
       relaxed_pool_ = std::make_unique<detail::ConnectionPool>(
-          uri, options_.pool_size, options_.checkout_timeout, "SET synchronous_commit = off");
+          uri, options_.pool_size, options_.checkout_timeout,
+          pooled_by_transaction() ? std::string() : std::string("SET synchronous_commit = off"));
   }
 
   /// The schema for a table name: the log, its constraints and the partial in-flight index.
@@ -286,11 +309,8 @@ class PostgresStore {
     // snapshot: the insert then does nothing and the read sees nothing. A new statement has a
     // new snapshot, so the loop ends as soon as the row is visible.
     for (int attempt = 0; attempt < 32; ++attempt) {
-      pqxx::result rows = run_on(reservation_pool(), [&](Lease& c) {
-        pqxx::nontransaction tx(c.connection());
-        return exec_prepared(c, tx, Statement::reserve, key_param, fingerprint_param, request_param,
-                             lease_ms, holder);
-      });
+      pqxx::result rows = reserve_statement(Statement::reserve, key_param, fingerprint_param,
+                                            request_param, lease_ms, holder);
       if (rows.empty()) continue;
       const detail::pq::row row = rows[0];
       const std::int64_t fence = detail::pq::int_field(row[1]);
@@ -304,10 +324,8 @@ class PostgresStore {
       const bool lease_live = detail::pq::bool_field(row[4]);
       if (found.status == RecordStatus::in_flight && found.same_request && !lease_live) {
         tried_takeover = true;
-        pqxx::result taken = run_on(reservation_pool(), [&](Lease& c) {
-          pqxx::nontransaction tx(c.connection());
-          return exec_prepared(c, tx, Statement::take_over, key_param, fence, lease_ms, holder);
-        });
+        pqxx::result taken =
+            reserve_statement(Statement::take_over, key_param, fence, lease_ms, holder);
         if (!taken.empty()) return Reservation::taken_over(detail::pq::int_field(taken[0][0]));
         // Another worker took it over first, or this attempt's own takeover landed and its reply
         // was lost: read the row again to tell which.
@@ -773,13 +791,10 @@ class PostgresStore {
       requests.push_back(item.request);
     }
     const std::int64_t holder = detail::new_holder_token();  // see reserve
-    const pqxx::result rows = run_on(reservation_pool(), [&](Lease& c) {
-      pqxx::nontransaction tx(c.connection());
-      return exec_prepared(c, tx, Statement::reserve_batch, detail::pq::bytea_array_param(keys),
-                           detail::pq::bytea_array_param(fingerprints),
-                           detail::pq::bytea_array_param(requests),
-                           detail::sql_duration<std::chrono::milliseconds>(lease), holder);
-    });
+    const pqxx::result rows = reserve_statement(
+        Statement::reserve_batch, detail::pq::bytea_array_param(keys),
+        detail::pq::bytea_array_param(fingerprints), detail::pq::bytea_array_param(requests),
+        detail::sql_duration<std::chrono::milliseconds>(lease), holder);
     std::vector<std::optional<Reservation>> found(items.size());
     for (const detail::pq::row& row : rows) {
       const auto index = static_cast<std::size_t>(detail::pq::int_field(row[0]) - 1);
@@ -917,6 +932,10 @@ class PostgresStore {
 
   detail::ConnectionPool& reservation_pool() { return relaxed_pool_ ? *relaxed_pool_ : pool_; }
 
+  [[nodiscard]] bool pooled_by_transaction() const noexcept {
+    return options_.pooling == PostgresPooling::transaction;
+  }
+
   // With relaxed reservations, an in-flight row another attempt reserved may not be flushed yet:
   // a database crash could still lose it, and with it the event, once the caller has acked the
   // "in flight" answer. Before that answer goes out, one synchronous commit on the durable pool
@@ -1002,12 +1021,15 @@ class PostgresStore {
   // server sees it at the same moment whether libpqxx prepares at once (7.x, 8.x) or on first
   // use (6.4), and nothing is prepared before migrate() created the table. A missing or outdated
   // log table shows as the SQLSTATE of this, the store's own, statement on every version; the
-  // statement is prepared again at its next use.
+  // statement is prepared again at its next use. Behind a transaction pooler nothing is
+  // prepared: the statement goes unnamed, with its text and parameters, in one round trip.
   template <class Transaction, class... Args>
   pqxx::result exec_prepared(Lease& lease, Transaction& tx, Statement statement, Args&&... args) {
     const auto index = static_cast<std::size_t>(statement);
     const Prepared& prepared = prepared_statements[index];
     try {
+      if (pooled_by_transaction())
+        return detail::pq::exec_params(tx, sql_.*prepared.sql, std::forward<Args>(args)...);
       if (!lease.prepared(index)) {
         detail::pq::prepare(lease.connection(), prepared.name, sql_.*prepared.sql);
         lease.set_prepared(index);
@@ -1018,6 +1040,31 @@ class PostgresStore {
     } catch (const pqxx::undefined_column&) {
       throw outdated_table();
     }
+  }
+
+  // Runs a reservation statement (reserve, take_over, reserve_batch) on the reservation pool.
+  // Relaxed reservations behind a transaction pooler run as a transaction of their own that
+  // turns the WAL flush off for itself alone (SET LOCAL): the pooler may give every transaction
+  // another server connection, so the relaxed pool's session-level SET is not used there. An
+  // unknown COMMIT is retried like a lost connection: each of these statements recognises its
+  // own earlier work by its holder token.
+  template <class... Args>
+  pqxx::result reserve_statement(Statement statement, const Args&... args) {
+    return run_on(reservation_pool(), [&](Lease& c) {
+      if (relaxed_pool_ && pooled_by_transaction()) {
+        try {
+          pqxx::work tx(c.connection());
+          detail::pq::exec(tx, "SET LOCAL synchronous_commit = off");
+          pqxx::result rows = exec_prepared(c, tx, statement, args...);
+          tx.commit();
+          return rows;
+        } catch (const pqxx::in_doubt_error& e) {
+          throw pqxx::broken_connection(e.what());
+        }
+      }
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, statement, args...);
+    });
   }
 
   // Runs a write transaction of `key` (commit, resolve) on a pooled connection. A connection that
