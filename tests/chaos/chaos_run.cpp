@@ -408,13 +408,17 @@ class Consumers {
     return restarted;
   }
 
-  /// A slot whose consumer is in the middle of a message, waiting up to `timeout`.
+  /// A slot whose consumer is in the middle of a message, looked at from `first` on, waiting
+  /// up to `timeout`.
   std::optional<int> mid_message(
-      std::chrono::milliseconds timeout, const std::function<bool()>& also = [] { return true; }) {
+      std::chrono::milliseconds timeout, int first = 0,
+      const std::function<bool()>& also = [] { return true; }) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
-      for (auto& [slot, run] : current_)
-        if (!in_flight(*run->process).empty() && also()) return slot;
+      for (int i = 0; i < static_cast<int>(current_.size()); ++i) {
+        const int slot = (first + i) % static_cast<int>(current_.size());
+        if (!in_flight(*current_.at(slot)->process).empty() && also()) return slot;
+      }
       std::this_thread::sleep_for(2ms);
     }
     return std::nullopt;
@@ -560,14 +564,17 @@ int run(const Options& o) {
     f.mid_message = !f.stranded.empty();
     return f;
   };
-  auto target = [&](const std::function<bool()>& also = [] { return true; }) {
-    if (auto slot = consumers.mid_message(15s, also)) return *slot;
-    log("no consumer was in the middle of a message within 15 s; faulting consumer 1 anyway");
-    return 1;
+  // The consumer a fault hits: the first from `first` on that is in the middle of a message.
+  auto target = [&](
+                    int first, const std::function<bool()>& also = [] { return true; }) {
+    if (auto slot = consumers.mid_message(15s, first, also)) return *slot;
+    log("no consumer was in the middle of a message within 15 s; faulting consumer " +
+        std::to_string(first) + " anyway");
+    return first;
   };
 
   auto sigkill = [&] {
-    const int slot = target();
+    const int slot = target(1);
     auto f = begin_fault("sigkill", slot);
     consumers.process(slot).kill_now();
     consumers.ended(slot);
@@ -583,7 +590,8 @@ int run(const Options& o) {
       terminal.set_latency(slow_claim_latency);
       pause(1s);
     }
-    const int slot = target([&] { return !slow || terminal.claims_in_progress() > 0; });
+    const int slot =
+        target(slow ? 1 : 2, [&] { return !slow || terminal.claims_in_progress() > 0; });
     auto f = begin_fault(slow ? "deploy_killed_after_grace" : "deploy_drained", slot);
     // ---- Graceful stop, as the orchestrator does it: SIGTERM, a grace, then SIGKILL. -------
     consumers.process(slot).signal(SIGTERM);
@@ -600,7 +608,7 @@ int run(const Options& o) {
   };
   auto partition = [&] {
     const int slot = 0;
-    consumers.mid_message(15s, [&] { return !in_flight(consumers.process(0)).empty(); });
+    (void)consumers.mid_message(15s, 0, [&] { return !in_flight(consumers.process(0)).empty(); });
     auto f = begin_fault("partition", slot);
     relay0.blackhole(partition_length);
     relay1.blackhole(partition_length);
@@ -611,7 +619,7 @@ int run(const Options& o) {
     faults.push_back(std::move(f));
   };
   auto failover = [&] {
-    consumers.mid_message(15s);
+    (void)consumers.mid_message(15s);
     auto f = begin_fault("failover", -1);
     cluster.fail_over();
     log("failover: primary stopped (immediate), standby promoted in " +
