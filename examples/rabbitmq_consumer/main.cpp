@@ -181,7 +181,7 @@ std::unique_ptr<idemgate::PostgresStore> open_store(const std::string& uri) {
           " booked_at timestamptz NOT NULL DEFAULT clock_timestamp())");
       tx.commit();
       return store;
-    } catch (const std::exception& e) {
+    } catch (const std::exception&) {
       if (std::chrono::steady_clock::now() > deadline) throw;
       std::this_thread::sleep_for(1s);
     }
@@ -230,7 +230,7 @@ int run(const Arguments& args) {
       channel.settle(delivery->tag, disposition);
       say("done " + id + " " + std::string(idemgate::to_string(result.status())) + " " +
           std::string(amqp_example::to_string(disposition)));
-    } catch (const idemgate::CodecError& e) {
+    } catch (const idemgate::CodecError&) {
       // The notification cannot be a slot request (a control character in a field).
       channel.settle(delivery->tag, amqp_example::Disposition::dead_letter);
       say("done " + id + " malformed dead-letter");
