@@ -11,6 +11,7 @@ IDEMGATE_PACKAGES=(
   clang-16 libc++-16-dev libc++abi-16-dev
   prometheus prometheus-cpp-dev doxygen
   spin patch
+  rabbitmq-server librabbitmq-dev
 )
 
 idemgate_log() { printf '==> %s\n' "$*" >&2; }
@@ -201,4 +202,83 @@ idemgate_stop_pgbouncer() {
   idemgate_stop_pgbouncer_process
   rm -rf "$IDEMGATE_PGBOUNCER_DIR"
   IDEMGATE_PGBOUNCER_DIR=
+}
+
+# Starts a throwaway RabbitMQ node on loopback: its own node name, AMQP port, Erlang distribution
+# port and epmd port, and every file (database, logs, cookie) in a temp dir. Never a system
+# service. Sets IDEMGATE_RABBIT_DIR, IDEMGATE_RABBIT_NODE, IDEMGATE_RABBIT_EPMD_PORT and exports
+# IDEMGATE_TEST_AMQP ("127.0.0.1:<port>"), which the RabbitMQ tests and scripts/chaos read.
+idemgate_start_rabbitmq() {
+  local server=/usr/lib/rabbitmq/bin/rabbitmq-server ctl=/usr/lib/rabbitmq/bin/rabbitmqctl
+  if [[ ! -x $server ]]; then
+    echo "rabbitmq-server not found under /usr/lib/rabbitmq/bin; install 'rabbitmq-server'" >&2
+    return 1
+  fi
+  IDEMGATE_RABBIT_DIR=$(mktemp -d /tmp/idemgate-rabbit.XXXXXX)
+  chmod 700 "$IDEMGATE_RABBIT_DIR"
+  IDEMGATE_RABBIT_NODE="idemgate-$$-$RANDOM@localhost"
+  local port dist epmd
+  port=$(idemgate_free_port)
+  dist=$(idemgate_free_port)
+  epmd=$(idemgate_free_port)
+  IDEMGATE_RABBIT_EPMD_PORT=$epmd
+  printf '[].\n' >"$IDEMGATE_RABBIT_DIR/enabled_plugins"
+  printf 'loopback_users.guest = true\nlisteners.tcp.default = 127.0.0.1:%s\n' "$port" \
+    >"$IDEMGATE_RABBIT_DIR/rabbitmq.conf"
+  # The node's environment, shared by the server and rabbitmqctl (which must find the same
+  # cookie in HOME and the same epmd).
+  IDEMGATE_RABBIT_ENV=(
+    HOME="$IDEMGATE_RABBIT_DIR"
+    RABBITMQ_NODENAME="$IDEMGATE_RABBIT_NODE"
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+    RABBITMQ_NODE_PORT="$port"
+    RABBITMQ_DIST_PORT="$dist"
+    ERL_EPMD_PORT="$epmd"
+    ERL_EPMD_ADDRESS=127.0.0.1
+    RABBITMQ_MNESIA_BASE="$IDEMGATE_RABBIT_DIR/mnesia"
+    RABBITMQ_LOG_BASE="$IDEMGATE_RABBIT_DIR/log"
+    RABBITMQ_PID_FILE="$IDEMGATE_RABBIT_DIR/rabbit.pid"
+    RABBITMQ_CONFIG_FILE="$IDEMGATE_RABBIT_DIR/rabbitmq.conf"
+    RABBITMQ_ADVANCED_CONFIG_FILE="$IDEMGATE_RABBIT_DIR/advanced.config"
+    RABBITMQ_ENABLED_PLUGINS_FILE="$IDEMGATE_RABBIT_DIR/enabled_plugins"
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  )
+  local started=$SECONDS
+  (cd "$IDEMGATE_RABBIT_DIR" && exec setsid env "${IDEMGATE_RABBIT_ENV[@]}" "$server" \
+    >"$IDEMGATE_RABBIT_DIR/server.out" 2>&1 </dev/null) &
+  # await_startup fails at once while the node is not yet registered: ask again until it is.
+  local up=
+  while ((SECONDS - started < 120)); do
+    if env "${IDEMGATE_RABBIT_ENV[@]}" "$ctl" -n "$IDEMGATE_RABBIT_NODE" await_startup \
+      >/dev/null 2>&1; then
+      up=1
+      break
+    fi
+    sleep 1
+  done
+  if [[ -z $up ]]; then
+    echo "RabbitMQ did not start; its output:" >&2
+    cat "$IDEMGATE_RABBIT_DIR/server.out" >&2
+    idemgate_stop_rabbitmq
+    return 1
+  fi
+  export IDEMGATE_TEST_AMQP="127.0.0.1:$port"
+  idemgate_log "RabbitMQ on $IDEMGATE_TEST_AMQP (node $IDEMGATE_RABBIT_NODE, started in" \
+    "$((SECONDS - started)) s, files in $IDEMGATE_RABBIT_DIR)"
+}
+
+# Stops the node started by idemgate_start_rabbitmq and its epmd, and removes its files.
+idemgate_stop_rabbitmq() {
+  [[ -n ${IDEMGATE_RABBIT_DIR:-} && -d $IDEMGATE_RABBIT_DIR ]] || return 0
+  env "${IDEMGATE_RABBIT_ENV[@]}" timeout 60 /usr/lib/rabbitmq/bin/rabbitmqctl \
+    -n "$IDEMGATE_RABBIT_NODE" stop "$IDEMGATE_RABBIT_DIR/rabbit.pid" >/dev/null 2>&1 || {
+    local pid
+    pid=$(cat "$IDEMGATE_RABBIT_DIR/rabbit.pid" 2>/dev/null) && kill -9 "$pid" 2>/dev/null
+  }
+  # The node's own epmd outlives it; it listens only on its own port.
+  env "${IDEMGATE_RABBIT_ENV[@]}" epmd -port "$IDEMGATE_RABBIT_EPMD_PORT" -kill \
+    >/dev/null 2>&1 || true
+  rm -rf "$IDEMGATE_RABBIT_DIR"
+  IDEMGATE_RABBIT_DIR=
+  unset IDEMGATE_TEST_AMQP
 }

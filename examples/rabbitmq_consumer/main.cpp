@@ -1,0 +1,262 @@
+// Books ECT Delta slots for Portbase notifications taken from a RabbitMQ queue, exactly once
+// however often the broker delivers them: manual acknowledgements, a prefetch limit, the gate on
+// PostgreSQL in front of the terminal's slot API, and a reconciler for what a crash leaves in
+// flight.
+//
+//   rabbitmq_consumer --pg URI --terminal URL [--amqp HOST:PORT] [--queue NAME]
+//                     [--prefetch N] [--requeue-delay-ms MS] [--lease-ms MS]
+//                     [--reconcile-interval-ms MS] [--stale-after-ms MS] [--max-attempts N]
+//                     [--no-reconciler]
+//
+// Each flag may be given by environment instead: IDEMGATE_PG, IDEMGATE_TERMINAL, IDEMGATE_AMQP,
+// IDEMGATE_QUEUE. Gate and reconciler options not given keep the library's defaults.
+//
+// It prints one line per event on stdout: "ready" once consuming, "begin <notification>
+// <redelivered 0|1>" when a delivery is taken, "done <notification> <status> <disposition>" when
+// it is settled, "error <notification> <what>" when the store failed (the message is requeued),
+// "stopped" after a SIGTERM drained it. Exit status: 0 after SIGTERM, 2 for bad arguments, 3 when
+// the broker or the database cannot be used.
+
+#include "amqp_consumer.hpp"
+
+#include <ect_delta/portbase.hpp>
+#include <ect_delta/slot_api.hpp>
+
+#include <idemgate/detail/postgres/pqxx_compat.hpp>
+#include <idemgate/downstream/http.hpp>
+#include <idemgate/gate.hpp>
+#include <idemgate/reconciler.hpp>
+#include <idemgate/store/postgres.hpp>
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+namespace {
+
+namespace json = example::json;
+using namespace std::chrono_literals;
+
+struct Arguments {
+  std::string amqp = "127.0.0.1:5672";
+  std::string queue = "portbase.notifications";
+  std::string pg;
+  std::string terminal;
+  int prefetch = 4;
+  std::chrono::milliseconds requeue_delay{500};
+  idemgate::GateOptions gate;
+  idemgate::ReconcilerOptions reconciler;
+  bool run_reconciler = true;
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::cerr << "rabbitmq_consumer: " << message
+            << "\nusage: rabbitmq_consumer --pg URI --terminal URL [--amqp HOST:PORT] "
+               "[--queue NAME] [--prefetch N] [--requeue-delay-ms MS] [--lease-ms MS] "
+               "[--reconcile-interval-ms MS] [--stale-after-ms MS] [--max-attempts N] "
+               "[--no-reconciler]\n";
+  std::exit(2);
+}
+
+long long whole_number(const std::string& flag, const std::string& text, long long least,
+                       long long most) {
+  char* end = nullptr;
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || n < least || n > most)
+    usage_error(flag + " needs a whole number from " + std::to_string(least) + " to " +
+                std::to_string(most) + ", not \"" + text + '"');
+  return n;
+}
+
+Arguments parse(int argc, char** argv) {
+  Arguments args;
+  for (const auto& [name, field] :
+       {std::pair{"IDEMGATE_AMQP", &args.amqp}, std::pair{"IDEMGATE_QUEUE", &args.queue},
+        std::pair{"IDEMGATE_PG", &args.pg}, std::pair{"IDEMGATE_TERMINAL", &args.terminal}})
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') *field = value;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(arg + " needs a value");
+      return argv[++i];
+    };
+    auto millis = [&](long long least) {
+      return std::chrono::milliseconds(whole_number(arg, value(), least, 86'400'000));
+    };
+    if (arg == "--amqp") {
+      args.amqp = value();
+    } else if (arg == "--queue") {
+      args.queue = value();
+    } else if (arg == "--pg") {
+      args.pg = value();
+    } else if (arg == "--terminal") {
+      args.terminal = value();
+    } else if (arg == "--prefetch") {
+      args.prefetch = static_cast<int>(whole_number(arg, value(), 1, 65535));
+    } else if (arg == "--requeue-delay-ms") {
+      args.requeue_delay = millis(0);
+    } else if (arg == "--lease-ms") {
+      args.gate.lease = millis(1);
+    } else if (arg == "--reconcile-interval-ms") {
+      args.reconciler.interval = millis(1);
+    } else if (arg == "--stale-after-ms") {
+      args.reconciler.stale_after = millis(0);
+    } else if (arg == "--max-attempts") {
+      args.reconciler.max_attempts = static_cast<std::size_t>(whole_number(arg, value(), 1, 1000));
+    } else if (arg == "--no-reconciler") {
+      args.run_reconciler = false;
+    } else if (arg == "-h" || arg == "--help") {
+      std::cout << "see the comment at the top of examples/rabbitmq_consumer/main.cpp\n";
+      std::exit(0);
+    } else {
+      usage_error("unknown argument \"" + arg + '"');
+    }
+  }
+  if (args.pg.empty()) usage_error("--pg (or IDEMGATE_PG) is required: the PostgreSQL URI");
+  if (args.terminal.empty())
+    usage_error("--terminal (or IDEMGATE_TERMINAL) is required: the slot API's base URL");
+  return args;
+}
+
+void say(const std::string& line) {
+  std::fputs((line + '\n').c_str(), stdout);
+  std::fflush(stdout);
+}
+
+// ---- Graceful stop --------------------------------------------------------------------------
+// The one place that handles SIGTERM. Today it sets a flag: the loop below finishes and settles
+// the message in hand, takes no other, stops the reconciler and closes the connection, which
+// hands the prefetched messages back to the broker. When the library offers a graceful stop
+// (drain the gate and its leases within a grace), call it from `drain()` instead.
+std::atomic<bool> stop_requested{false};
+
+extern "C" void on_stop_signal(int) {
+  stop_requested.store(true);
+}
+
+void install_stop_handler() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+template <class Reconciler>
+void drain(Reconciler* reconciler) {
+  if (reconciler != nullptr) reconciler->stop();
+}
+// ---- end of graceful stop -------------------------------------------------------------------
+
+/// A notification as published: `{"notification_id":…,"equipment_number":…,
+/// "preferred_window":…}`; none when a field is missing.
+std::optional<ect_delta::Notification> parse_notification(const std::string& body) {
+  auto id = json::string_field(body, "notification_id");
+  auto container = json::string_field(body, "equipment_number");
+  auto window = json::string_field(body, "preferred_window");
+  if (!id || !container || !window || id->empty()) return std::nullopt;
+  return ect_delta::Notification{std::move(*id), std::move(*container), std::move(*window)};
+}
+
+/// Opens the store and creates its tables, waiting out a database that is not up yet (a
+/// consumer restarted during a failover).
+std::unique_ptr<idemgate::PostgresStore> open_store(const std::string& uri) {
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  for (;;) {
+    try {
+      auto store = std::make_unique<idemgate::PostgresStore>(uri);
+      store->migrate();
+      pqxx::connection c{uri};
+      pqxx::work tx{c};
+      tx.exec(
+          "CREATE TABLE IF NOT EXISTS tms_bookings (container text NOT NULL, slot text NOT NULL,"
+          " booked_at timestamptz NOT NULL DEFAULT clock_timestamp())");
+      tx.commit();
+      return store;
+    } catch (const std::exception&) {
+      if (std::chrono::steady_clock::now() > deadline) throw;
+      std::this_thread::sleep_for(1s);
+    }
+  }
+}
+
+int run(const Arguments& args) {
+  auto store = open_store(args.pg);
+  idemgate::HttpDownstream<ect_delta::SlotApi> terminal{args.terminal};
+  // The business write: the TMS booking, in the transaction that records the slot.
+  auto book = [](pqxx::work& tx, const ect_delta::SlotRequest& request, const std::string& slot) {
+    idemgate::exec_params(tx, "INSERT INTO tms_bookings (container, slot) VALUES ($1, $2)",
+                          request.container, slot);
+  };
+  idemgate::Gate gate{*store, terminal, book, args.gate};
+  std::optional<decltype(idemgate::Reconciler{gate})> reconciler;
+  if (args.run_reconciler) {
+    reconciler.emplace(gate, args.reconciler);
+    reconciler->start();
+  }
+
+  amqp_example::Channel channel{amqp_example::Endpoint::parse(args.amqp)};
+  channel.declare_with_dead_letter(args.queue);
+  channel.consume(args.queue, static_cast<std::uint16_t>(args.prefetch));
+  say("ready");
+
+  while (!stop_requested.load()) {
+    const auto delivery = channel.next(200ms);
+    if (!delivery) continue;
+    const auto notification = parse_notification(delivery->body);
+    if (!notification) {
+      channel.settle(delivery->tag, amqp_example::Disposition::dead_letter);
+      say("done - malformed dead-letter");
+      continue;
+    }
+    const std::string& id = notification->notification_id;
+    say("begin " + id + (delivery->redelivered ? " 1" : " 0"));
+    // The key comes from what Portbase controls, never from the broker's delivery tag.
+    const auto key = idemgate::derive_key("ect.claim_slot", id, notification->equipment_number);
+    try {
+      const auto result =
+          gate.process(key, {notification->equipment_number, notification->preferred_window});
+      const auto disposition = amqp_example::disposition(result.status());
+      if (disposition == amqp_example::Disposition::requeue)
+        std::this_thread::sleep_for(args.requeue_delay);
+      channel.settle(delivery->tag, disposition);
+      say("done " + id + " " + std::string(idemgate::to_string(result.status())) + " " +
+          std::string(amqp_example::to_string(disposition)));
+    } catch (const idemgate::CodecError&) {
+      // The notification cannot be a slot request (a control character in a field).
+      channel.settle(delivery->tag, amqp_example::Disposition::dead_letter);
+      say("done " + id + " malformed dead-letter");
+    } catch (const std::exception& e) {
+      // The store failed (database down, commit fate unknown): never ack; the redelivery or the
+      // reconciler finishes the event.
+      std::cerr << "rabbitmq_consumer: " << id << ": " << e.what() << '\n';
+      std::this_thread::sleep_for(args.requeue_delay);
+      channel.settle(delivery->tag, amqp_example::Disposition::requeue);
+      say("error " + id + " requeue");
+    }
+  }
+  drain(reconciler ? &*reconciler : nullptr);
+  say("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Arguments args = parse(argc, argv);
+  install_stop_handler();
+  try {
+    return run(args);
+  } catch (const std::exception& e) {
+    std::cerr << "rabbitmq_consumer: " << e.what() << '\n';
+    return 3;
+  }
+}

@@ -1,0 +1,216 @@
+// The RabbitMQ consumer example (examples/rabbitmq_consumer/) against a real broker: every gate
+// status maps to ack, requeue or dead-letter; duplicated deliveries and a consumer killed
+// mid-message book each container once; `retry` is redelivered, never acked; conflicts and
+// malformed messages land in the dead-letter queue. scripts/test starts the broker and exports
+// IDEMGATE_TEST_AMQP; without it these tests fail.
+
+#include <ect_delta/portbase.hpp>
+#include <ect_delta/terminal_server.hpp>
+#include <rabbitmq_consumer/amqp_consumer.hpp>
+#include <support/line_process.hpp>
+#include <support/postgres.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+using amqp_example::Disposition;
+using idemgate::Status;
+using idemgate::test::LineProcess;
+
+TEST(RabbitMqDisposition, OnlyRetryIsRequeuedAndOnlyConflictIsDeadLettered) {
+  EXPECT_EQ(amqp_example::disposition(Status::processed), Disposition::ack);
+  EXPECT_EQ(amqp_example::disposition(Status::duplicate), Disposition::ack);
+  EXPECT_EQ(amqp_example::disposition(Status::in_flight), Disposition::ack);
+  EXPECT_EQ(amqp_example::disposition(Status::failed), Disposition::ack);
+  EXPECT_EQ(amqp_example::disposition(Status::escalated), Disposition::ack);
+  EXPECT_EQ(amqp_example::disposition(Status::lost_lease), Disposition::ack);
+  EXPECT_EQ(amqp_example::disposition(Status::conflict), Disposition::dead_letter);
+  EXPECT_EQ(amqp_example::disposition(Status::retry), Disposition::requeue);
+  // The library's own ack table agrees: what it would not ack is never acked here.
+  for (auto s : {Status::processed, Status::duplicate, Status::in_flight, Status::conflict,
+                 Status::failed, Status::retry, Status::escalated, Status::lost_lease})
+    EXPECT_EQ(amqp_example::disposition(s) == Disposition::requeue, !idemgate::should_ack(s))
+        << idemgate::to_string(s);
+}
+
+std::string amqp_address() {
+  const char* address = std::getenv("IDEMGATE_TEST_AMQP");
+  if (address == nullptr || *address == '\0') {
+    ADD_FAILURE() << "IDEMGATE_TEST_AMQP is not set. Run scripts/test, which starts a throwaway "
+                     "RabbitMQ on loopback and exports its host:port.";
+    return {};
+  }
+  return address;
+}
+
+std::string message(const ect_delta::Notification& n) {
+  return "{\"notification_id\":\"" + n.notification_id + "\",\"equipment_number\":\"" +
+         n.equipment_number + "\",\"preferred_window\":\"" + n.preferred_window + "\"}";
+}
+
+/// A database, a queue and a fake terminal of this test's own, and consumer processes on them.
+class RabbitMqConsumer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    amqp_ = amqp_address();
+    const std::string base = idemgate::test::pg_uri();
+    ASSERT_FALSE(amqp_.empty());
+    ASSERT_FALSE(base.empty());
+    const std::string name = idemgate::test::unique_table("rabbit");
+    idemgate::test::pg_exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)");
+    idemgate::test::pg_exec("CREATE DATABASE " + name);
+    database_ = name;
+    uri_ = base.substr(0, base.rfind('/') + 1) + name;
+    queue_ = "portbase." + name;
+    terminal_.start();
+    channel_ = std::make_unique<amqp_example::Channel>(amqp_example::Endpoint::parse(amqp_));
+    channel_->declare_with_dead_letter(queue_);
+  }
+  void TearDown() override {
+    consumers_.clear();
+    channel_.reset();
+    if (!database_.empty())
+      idemgate::test::pg_exec("DROP DATABASE IF EXISTS " + database_ + " WITH (FORCE)");
+  }
+
+  /// Starts a consumer with a short lease and a fast reconciler, so what a kill strands is
+  /// finished within seconds.
+  LineProcess& start_consumer() {
+    consumers_.push_back(std::make_unique<LineProcess>(std::vector<std::string>{
+        RABBITMQ_CONSUMER_PATH, "--amqp", amqp_, "--queue", queue_, "--pg", uri_, "--terminal",
+        terminal_.base_url(), "--prefetch", "2", "--lease-ms", "1500", "--reconcile-interval-ms",
+        "300", "--stale-after-ms", "0", "--requeue-delay-ms", "100"}));
+    EXPECT_TRUE(consumers_.back()->wait_for_line("ready", 60s)) << "the consumer did not start";
+    return *consumers_.back();
+  }
+
+  std::int64_t count(const std::string& sql) { return idemgate::test::pg_count_on(uri_, sql); }
+
+  /// Waits until `bookings` containers are booked and nothing is in flight.
+  bool settled(std::int64_t bookings, std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (count("SELECT count(DISTINCT container) FROM tms_bookings") >= bookings &&
+          count("SELECT count(*) FROM idemgate_log WHERE status = 'in_flight'") == 0 &&
+          channel_->ready(queue_) == 0)
+        return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+
+  std::string amqp_, uri_, queue_, database_;
+  ect_delta::TerminalServer terminal_;
+  std::unique_ptr<amqp_example::Channel> channel_;
+  std::vector<std::unique_ptr<LineProcess>> consumers_;
+};
+
+TEST_F(RabbitMqConsumer, DuplicatedDeliveriesAndAConsumerKilledMidMessageBookEachContainerOnce) {
+  auto notifications = ect_delta::monday_notifications();
+  notifications.resize(12);
+  std::vector<ect_delta::Notification> deliveries;
+  for (std::size_t i = 0; i < notifications.size(); ++i)
+    for (std::size_t copy = 0; copy <= i % 3; ++copy) deliveries.push_back(notifications[i]);
+  std::shuffle(deliveries.begin(), deliveries.end(), std::mt19937(7));
+  // Every claim takes a while at the terminal, so the kill lands inside one.
+  terminal_.set_latency(300ms);
+  LineProcess& first = start_consumer();
+  for (const auto& n : deliveries) channel_->publish(queue_, message(n));
+
+  const auto begun =
+      first.wait_for([](const std::string& l) { return l.rfind("begin ", 0) == 0; }, 30s);
+  ASSERT_TRUE(begun);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (terminal_.claims_in_progress() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_GT(terminal_.claims_in_progress(), 0) << "no claim in progress to kill the consumer in";
+  first.kill_now();
+  // The notification it was working on: the last one begun and not done.
+  std::string stranded;
+  for (const auto& line : first.lines()) {
+    if (line.text.rfind("begin ", 0) == 0)
+      stranded = line.text.substr(6, line.text.find(' ', 6) - 6);
+    if (line.text.rfind("done " + stranded + " ", 0) == 0) stranded.clear();
+  }
+  ASSERT_FALSE(stranded.empty());
+
+  LineProcess& second = start_consumer();
+  LineProcess& third = start_consumer();
+  ASSERT_TRUE(settled(12, 60s)) << "not every container was booked within a minute";
+
+  EXPECT_EQ(count("SELECT count(*) FROM tms_bookings"), 12);
+  EXPECT_EQ(count("SELECT count(*) FROM (SELECT container FROM tms_bookings GROUP BY container "
+                  "HAVING count(*) <> 1) AS twice"),
+            0);
+  for (const auto& n : notifications) EXPECT_EQ(terminal_.slots_for(n.equipment_number), 1u);
+  EXPECT_EQ(terminal_.max_distinct_slots_per_key(), 1u);
+  // The broker handed the killed consumer's message to another consumer, marked redelivered.
+  const auto redelivered = [&](const std::string& l) { return l == "begin " + stranded + " 1"; };
+  EXPECT_TRUE(second.wait_for(redelivered, 0s) || third.wait_for(redelivered, 0s))
+      << stranded << " was not redelivered";
+  EXPECT_EQ(channel_->ready(amqp_example::dead_letter_queue(queue_)), 0u);
+}
+
+TEST_F(RabbitMqConsumer, RetryIsRequeuedAndRedeliveredNeverAcked) {
+  const auto n = ect_delta::monday_notifications().front();
+  terminal_.fail_next_claims(1, 503);  // a transient failure: the gate answers retry
+  LineProcess& consumer = start_consumer();
+  channel_->publish(queue_, message(n));
+  const auto retried = consumer.wait_for(
+      [&](const std::string& l) { return l == "done " + n.notification_id + " retry requeue"; },
+      30s);
+  ASSERT_TRUE(retried);
+  const auto again = consumer.wait_for(
+      [&](const std::string& l) { return l == "begin " + n.notification_id + " 1"; }, 30s,
+      *retried);
+  ASSERT_TRUE(again) << "the retried message was not redelivered";
+  EXPECT_TRUE(consumer.wait_for(
+      [&](const std::string& l) { return l == "done " + n.notification_id + " processed ack"; },
+      30s, *again));
+  ASSERT_TRUE(settled(1, 30s));
+  EXPECT_EQ(count("SELECT count(*) FROM tms_bookings"), 1);
+  EXPECT_EQ(terminal_.claims_received(), 2);
+}
+
+TEST_F(RabbitMqConsumer, ConflictsAndMalformedMessagesGoToTheDeadLetterQueue) {
+  const auto n = ect_delta::monday_notifications().front();
+  LineProcess& consumer = start_consumer();
+  channel_->publish(queue_, message(n));
+  ASSERT_TRUE(consumer.wait_for_line("done " + n.notification_id + " processed ack", 30s));
+  auto changed = n;
+  changed.preferred_window = "2025-06-10T09:00";  // same notification, another request
+  const std::string conflicting = message(changed);
+  channel_->publish(queue_, conflicting);
+  channel_->publish(queue_, "{\"equipment_number\":\"MSKU1\"}");
+  ASSERT_TRUE(consumer.wait_for_line("done " + n.notification_id + " conflict dead-letter", 30s));
+  ASSERT_TRUE(consumer.wait_for_line("done - malformed dead-letter", 30s));
+
+  const std::string dead = amqp_example::dead_letter_queue(queue_);
+  std::vector<std::string> dead_lettered;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (dead_lettered.size() < 2 && std::chrono::steady_clock::now() < deadline)
+    if (auto body = channel_->take(dead))
+      dead_lettered.push_back(*body);
+    else
+      std::this_thread::sleep_for(50ms);
+  ASSERT_EQ(dead_lettered.size(), 2u);
+  std::vector<std::string> expected{conflicting, "{\"equipment_number\":\"MSKU1\"}"};
+  std::sort(dead_lettered.begin(), dead_lettered.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(dead_lettered, expected);
+  EXPECT_EQ(count("SELECT count(*) FROM tms_bookings"), 1);
+  EXPECT_EQ(terminal_.slots_issued(), 1);
+}
+
+}  // namespace
