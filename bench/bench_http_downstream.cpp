@@ -6,17 +6,13 @@
 // TLS) handshake, and for HTTPS the client's loading of its trusted certificates.
 
 #include "bench_support.hpp"
+#include "support/self_signed.hpp"
 
 #include <idemgate/downstream/http.hpp>
 
 #include <httplib.h>
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
 
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
@@ -26,47 +22,6 @@
 namespace {
 
 using Downstream = idemgate::HttpDownstream<idemgate::detail::PlainTextMapping>;
-
-/// A P-256 key and a certificate for 127.0.0.1 signed by it, valid for a day.
-struct SelfSigned {
-  SelfSigned() : key(EVP_EC_gen("P-256")), cert(X509_new()) {
-    if (!key || !cert) throw std::runtime_error("OpenSSL could not make a key or certificate");
-    X509_set_version(cert, 2);
-    ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
-    X509_gmtime_adj(X509_getm_notBefore(cert), -60);
-    X509_gmtime_adj(X509_getm_notAfter(cert), 24 * 3600);
-    X509_set_pubkey(cert, key);
-    X509_NAME* name = X509_get_subject_name(cert);
-    X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                               reinterpret_cast<const unsigned char*>("127.0.0.1"), -1, -1, 0);
-    X509_set_issuer_name(cert, name);
-    X509V3_CTX ctx;
-    X509V3_set_ctx_nodb(&ctx);
-    X509V3_set_ctx(&ctx, cert, cert, nullptr, nullptr, 0);
-    X509_EXTENSION* san = X509V3_EXT_conf_nid(nullptr, &ctx, NID_subject_alt_name, "IP:127.0.0.1");
-    if (san == nullptr || X509_add_ext(cert, san, -1) != 1 ||
-        X509_sign(cert, key, EVP_sha256()) == 0)
-      throw std::runtime_error("OpenSSL could not sign the certificate");
-    X509_EXTENSION_free(san);
-  }
-  ~SelfSigned() {
-    X509_free(cert);
-    EVP_PKEY_free(key);
-  }
-  SelfSigned(const SelfSigned&) = delete;
-  SelfSigned& operator=(const SelfSigned&) = delete;
-
-  /// Writes the certificate as PEM to `path`, for the client to trust.
-  void write_pem(const std::string& path) const {
-    FILE* file = std::fopen(path.c_str(), "w");
-    if (file == nullptr || PEM_write_X509(file, cert) != 1)
-      throw std::runtime_error("cannot write " + path);
-    std::fclose(file);
-  }
-
-  EVP_PKEY* key;
-  X509* cert;
-};
 
 /// A server on 127.0.0.1 that answers every claim at once with 201 and a slot.
 class Answering {
@@ -103,7 +58,7 @@ void claims(benchmark::State& state, const std::string& url, idemgate::HttpOptio
     const Downstream downstream(url, std::move(options));
     idemgate::bench::timed_events(state, "bench.http", [&](const idemgate::Key& key) {
       const auto result = downstream.claim(idemgate::bench::request(), key);
-      if (!result.ok()) throw std::runtime_error("claim failed: " + result.reason());
+      if (!result.ok()) throw std::runtime_error("claim failed: " + std::string(result.reason()));
       benchmark::DoNotOptimize(result);
     });
   });
@@ -119,7 +74,7 @@ idemgate::HttpOptions with_keep_alive(bool keep_alive, const std::string& ca_cer
 }  // namespace
 
 int main(int argc, char** argv) {
-  const SelfSigned identity;
+  const idemgate::test::SelfSigned identity;
   const std::string ca_file = (std::filesystem::temp_directory_path() /
                                ("idemgate-bench-http-" + std::to_string(::getpid()) + ".pem"))
                                   .string();

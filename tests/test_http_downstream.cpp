@@ -2,6 +2,7 @@
 
 #include "support/memory_bookings.hpp"
 #include "support/monday.hpp"
+#include "support/self_signed.hpp"
 #include "support/slot_request.hpp"
 
 #include <ect_delta/terminal_server.hpp>
@@ -19,9 +20,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <filesystem>
 #include <latch>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -198,6 +201,55 @@ class ClosingOnReuse {
   mutable std::mutex mutex_;
   std::vector<std::string> requests_;
   std::thread thread_;
+};
+
+/// An HTTPS server on 127.0.0.1 with a self-signed certificate, answering every claim with 201
+/// and a new slot id, and counting the connections that carried a request.
+class HttpsSlots {
+ public:
+  HttpsSlots()
+      : server_(identity_.cert, identity_.key),
+        ca_file_(::testing::TempDir() + "idemgate-https-slots-" + std::to_string(::getpid()) +
+                 ".pem") {
+    identity_.write_pem(ca_file_);
+    server_.set_tcp_nodelay(true);
+    server_.set_keep_alive_max_count(100);  // cpp-httplib closes after 5 requests by default
+    server_.Post("/slots", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard lock(mutex_);
+      ports_.insert(req.remote_port);
+      res.status = 201;
+      res.set_content("{\"slot\":\"TLS-" + std::to_string(++issued_) + "\"}", "application/json");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    if (port_ <= 0) throw std::runtime_error("cannot bind 127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(1ms);
+  }
+  HttpsSlots(const HttpsSlots&) = delete;
+  HttpsSlots& operator=(const HttpsSlots&) = delete;
+  ~HttpsSlots() {
+    server_.stop();
+    thread_.join();
+    std::filesystem::remove(ca_file_);
+  }
+
+  std::string base_url() const { return "https://127.0.0.1:" + std::to_string(port_); }
+  /// The PEM file a client trusts.
+  const std::string& ca_file() const { return ca_file_; }
+  std::size_t connections_used() const {
+    std::lock_guard lock(mutex_);
+    return ports_.size();
+  }
+
+ private:
+  idemgate::test::SelfSigned identity_;
+  httplib::SSLServer server_;
+  std::string ca_file_;
+  int port_ = 0;
+  std::thread thread_;
+  mutable std::mutex mutex_;
+  std::set<int> ports_;
+  int issued_ = 0;
 };
 
 bool contains(std::string_view text, std::string_view part) {
@@ -591,6 +643,20 @@ TEST(HttpDownstream, ClaimToAFarSideIgnoringKeysIsNeverResent) {
   EXPECT_TRUE(contains(second.reason(), "may have been processed")) << second.reason();
   EXPECT_EQ(server.requests().size(), 2u) << "resending could have claimed a second slot";
   EXPECT_EQ(server.connections(), 1);
+}
+
+TEST(HttpDownstream, SequentialHttpsClaimsShareOneTlsConnection) {
+  HttpsSlots server;
+  HttpOptions options = fast();
+  options.ca_cert_file = server.ca_file();
+  HttpDownstream<SlotApi> downstream{server.base_url(), options};
+  for (int i = 0; i < 10; ++i) {
+    const auto event = idemgate::derive_key("ect.claim_slot", "tls", std::to_string(i));
+    const auto result = downstream.claim(msku, event);
+    ASSERT_TRUE(result.ok()) << i << ": " << result.reason();
+    EXPECT_EQ(result.outcome(), "TLS-" + std::to_string(i + 1));
+  }
+  EXPECT_EQ(server.connections_used(), 1u);
 }
 
 TEST(HttpDownstream, CopiesShareTheirConnections) {

@@ -414,7 +414,10 @@ class HttpDownstream {
     Exchange exchange;
     for (;;) {
       std::optional<Pool::Lease> lease = pool_->acquire(options_.connect_timeout);
-      if (!lease) return exchange;
+      if (!lease) {
+        exchange.result.reset();
+        return exchange;
+      }
       const auto start = std::chrono::steady_clock::now();
       try {
         // A resend goes on a new connection: the idle ones may have been closed together.
@@ -467,9 +470,8 @@ class HttpDownstream {
   std::string transport_reason(const HttpCall& call, const Exchange& exchange) const {
     std::string reason = attempt_reason(call, exchange);
     if (exchange.resent_after)
-      reason += " (it was resent after a kept-alive connection failed: " +
-                httplib::to_string(*exchange.resent_after) +
-                "; the first request may have been processed)";
+      reason += " (a first attempt on a kept-alive connection failed too: " +
+                httplib::to_string(*exchange.resent_after) + "; it may have been processed)";
     return reason;
   }
 
