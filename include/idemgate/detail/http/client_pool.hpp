@@ -71,12 +71,6 @@ class ClientPool {
     // A client not kept is closed here, outside the lock.
   }
 
-  /// Clients kept idle now.
-  [[nodiscard]] std::size_t idle() const {
-    std::lock_guard lock(mutex_);
-    return idle_.size();
-  }
-
  private:
   struct Idle {
     std::unique_ptr<Client> client;
