@@ -5,6 +5,7 @@
 #include "support/self_signed.hpp"
 #include "support/slot_request.hpp"
 
+#include <ect_delta/slot_api.hpp>
 #include <ect_delta/terminal_server.hpp>
 #include <idemgate/downstream/http.hpp>
 #include <idemgate/gate.hpp>
@@ -671,6 +672,31 @@ TEST(HttpDownstream, CopiesShareTheirConnections) {
   ASSERT_TRUE(original.claim(msku, key).ok());
   ASSERT_TRUE(copy.claim(msku, key).ok());
   EXPECT_EQ(terminal.connections_used(), 1u);
+}
+
+// --- the example's slot claim codec
+// ---------------------------------------------------------------
+
+TEST(EctDeltaSlotCodec, EncodesTheTwoFieldsCanonicallyAndReadsThemBack) {
+  const ect_delta::SlotRequest request{"MSKU7000037", "2025-06-09T07:00 \"late\" \xc3\xa9"};
+  std::string bytes;
+  idemgate::codec<ect_delta::SlotRequest>::encode(request, bytes);
+  // The bytes the examples' stores have always held for a request: fixed order, no spaces.
+  EXPECT_EQ(bytes, R"({"container":"MSKU7000037","window":"2025-06-09T07:00 \"late\" )"
+                   "\xc3\xa9\"}");
+  EXPECT_EQ(idemgate::codec<ect_delta::SlotRequest>::decode(bytes), request);
+}
+
+TEST(EctDeltaSlotCodec, RefusesWhatCannotBeAContainerOrAWindow) {
+  std::string bytes;
+  for (const ect_delta::SlotRequest& bad : {ect_delta::SlotRequest{"MSKU\n7000037", "w"},
+                                            ect_delta::SlotRequest{"MSKU7000037", "\xff\xfe"}})
+    EXPECT_THROW(idemgate::codec<ect_delta::SlotRequest>::encode(bad, bytes), idemgate::CodecError);
+  for (const char* stored : {"", R"({"container":"a"})", R"({"container":"a","window":1})",
+                             R"({"container":"a","window":"w","window":"v"})"})
+    EXPECT_THROW((void)idemgate::codec<ect_delta::SlotRequest>::decode(stored),
+                 idemgate::CodecError)
+        << stored;
 }
 
 // --- base URLs ----------------------------------------------------------------------------------
