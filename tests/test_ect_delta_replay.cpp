@@ -5,9 +5,11 @@
 #include "support/postgres.hpp"
 
 #include <gtest/gtest.h>
+#include <common/json.hpp>
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,13 +32,16 @@ Replayed replay(std::vector<std::string> args) {
   return run;
 }
 
-/// One number from the JSON object of one run ("naive" or "gated").
-long field(const std::string& json, const std::string& run, const std::string& name) {
-  const auto at = json.find("\"" + run + "\":{");
-  if (at == std::string::npos) return -1;
-  const auto key = json.find("\"" + name + "\":", at);
-  if (key == std::string::npos) return -1;
-  return std::stol(json.substr(key + name.size() + 3));
+/// One number from the JSON object of one run ("naive" or "gated"); -1 when no line of the
+/// output is a JSON object holding it.
+long field(const std::string& out, const std::string& run, const std::string& name) {
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    const auto document = example::json::parse(line);
+    if (!document || !document->is_object() || !document->contains(run)) continue;
+    return static_cast<long>(example::json::integer_member(document->at(run), name).value_or(-1));
+  }
+  return -1;
 }
 
 void expect_monday(const std::string& json) {

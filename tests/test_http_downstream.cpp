@@ -2,8 +2,10 @@
 
 #include "support/memory_bookings.hpp"
 #include "support/monday.hpp"
+#include "support/self_signed.hpp"
 #include "support/slot_request.hpp"
 
+#include <ect_delta/slot_api.hpp>
 #include <ect_delta/terminal_server.hpp>
 #include <idemgate/downstream/http.hpp>
 #include <idemgate/gate.hpp>
@@ -19,9 +21,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <filesystem>
 #include <latch>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -41,27 +45,32 @@ using idemgate::test::MemoryBookings;
 
 namespace {
 
+/// The string member `name` of the JSON object in `body`.
+std::optional<std::string> slot_field(std::string_view body, std::string_view name) {
+  const auto document = ect_delta::json::parse(body);
+  return document ? ect_delta::json::string_member(*document, name) : std::nullopt;
+}
+
 /// The slot API's mapping: JSON claim, slot id as the outcome, lookup by key.
 struct SlotApi {
   using request_type = SlotRequest;
   using outcome_type = std::string;
   idemgate::HttpCall claim_call(const SlotRequest& r) const {
     return {"POST", "/slots",
-            "{\"container\":" + ect_delta::json::quote(r.container) +
-                ",\"window\":" + ect_delta::json::quote(r.window) + '}'};
+            ect_delta::json::Json{{"container", r.container}, {"window", r.window}}.dump()};
   }
   idemgate::HttpCall lookup_call(const idemgate::Key& key) const {
     return {"GET", "/slots?idempotency_key=" + key.hex()};
   }
   std::optional<std::string> parse_outcome(std::string_view body) const {
-    return ect_delta::json::string_field(body, "slot");
+    return slot_field(body, "slot");
   }
 };
 
 /// Reads a field the API never sends, so every 2xx body fails to parse.
 struct MisreadingSlotApi : SlotApi {
   std::optional<std::string> parse_outcome(std::string_view body) const {
-    return ect_delta::json::string_field(body, "slot_id");
+    return slot_field(body, "slot_id");
   }
 };
 
@@ -108,6 +117,140 @@ class RefusingPort {
  private:
   int fd_;
   int port_ = 0;
+};
+
+/// A slot API on 127.0.0.1 that answers the first request on each connection (201, a new slot)
+/// and keeps the connection open, then reads the next request on it and closes it unanswered:
+/// as a server does that closes an idle connection just as a request arrives on it. It serves one
+/// connection at a time and records every request it reads.
+class ClosingOnReuse {
+ public:
+  ClosingOnReuse() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    if (fd_ < 0) throw std::runtime_error("socket() failed");
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
+        ::listen(fd_, 16) != 0)
+      throw std::runtime_error("bind() or listen() failed");
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ClosingOnReuse(const ClosingOnReuse&) = delete;
+  ClosingOnReuse& operator=(const ClosingOnReuse&) = delete;
+  ~ClosingOnReuse() {
+    ::shutdown(fd_, SHUT_RDWR);  // wakes accept()
+    thread_.join();
+    ::close(fd_);
+  }
+
+  std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  /// Connections accepted.
+  int connections() const { return connections_.load(); }
+  /// The head (request line and headers) of every request read, in order.
+  std::vector<std::string> requests() const {
+    std::lock_guard lock(mutex_);
+    return requests_;
+  }
+
+ private:
+  // One request's head and body; false when the connection ended first.
+  bool read_request(int fd) {
+    std::string data;
+    char buffer[4096];
+    std::size_t head_end = std::string::npos;
+    std::size_t body_size = 0;
+    for (;;) {
+      if (head_end == std::string::npos &&
+          (head_end = data.find("\r\n\r\n")) != std::string::npos) {
+        const auto at = data.find("Content-Length: ");
+        if (at != std::string::npos && at < head_end) body_size = std::stoul(data.substr(at + 16));
+      }
+      if (head_end != std::string::npos && data.size() >= head_end + 4 + body_size) break;
+      const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+      if (n <= 0) return false;
+      data.append(buffer, static_cast<std::size_t>(n));
+    }
+    std::lock_guard lock(mutex_);
+    requests_.push_back(data.substr(0, head_end));
+    return true;
+  }
+
+  void serve() {
+    for (int slot = 1;; ++slot) {
+      const int connection = ::accept(fd_, nullptr, nullptr);
+      if (connection < 0) return;
+      connections_.fetch_add(1);
+      if (read_request(connection)) {
+        const std::string body = "{\"slot\":\"S-" + std::to_string(slot) + "\"}";
+        const std::string answer =
+            "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+            "Content-Length: " +
+            std::to_string(body.size()) + "\r\nConnection: keep-alive\r\n\r\n" + body;
+        (void)::send(connection, answer.data(), answer.size(), MSG_NOSIGNAL);
+        read_request(connection);  // then closed unanswered
+      }
+      ::close(connection);
+    }
+  }
+
+  int fd_;
+  int port_ = 0;
+  std::atomic<int> connections_{0};
+  mutable std::mutex mutex_;
+  std::vector<std::string> requests_;
+  std::thread thread_;
+};
+
+/// An HTTPS server on 127.0.0.1 with a self-signed certificate, answering every claim with 201
+/// and a new slot id, and counting the connections that carried a request.
+class HttpsSlots {
+ public:
+  HttpsSlots()
+      : server_(identity_.cert, identity_.key),
+        ca_file_(::testing::TempDir() + "idemgate-https-slots-" + std::to_string(::getpid()) +
+                 ".pem") {
+    identity_.write_pem(ca_file_);
+    server_.set_tcp_nodelay(true);
+    server_.set_keep_alive_max_count(100);  // cpp-httplib closes after 5 requests by default
+    server_.Post("/slots", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard lock(mutex_);
+      ports_.insert(req.remote_port);
+      res.status = 201;
+      res.set_content("{\"slot\":\"TLS-" + std::to_string(++issued_) + "\"}", "application/json");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    if (port_ <= 0) throw std::runtime_error("cannot bind 127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(1ms);
+  }
+  HttpsSlots(const HttpsSlots&) = delete;
+  HttpsSlots& operator=(const HttpsSlots&) = delete;
+  ~HttpsSlots() {
+    server_.stop();
+    thread_.join();
+    std::filesystem::remove(ca_file_);
+  }
+
+  std::string base_url() const { return "https://127.0.0.1:" + std::to_string(port_); }
+  /// The PEM file a client trusts.
+  const std::string& ca_file() const { return ca_file_; }
+  std::size_t connections_used() const {
+    std::lock_guard lock(mutex_);
+    return ports_.size();
+  }
+
+ private:
+  idemgate::test::SelfSigned identity_;
+  httplib::SSLServer server_;
+  std::string ca_file_;
+  int port_ = 0;
+  std::thread thread_;
+  mutable std::mutex mutex_;
+  std::set<int> ports_;
+  int issued_ = 0;
 };
 
 bool contains(std::string_view text, std::string_view part) {
@@ -228,7 +371,8 @@ TEST(HttpDownstream, ConfigurationStatusesCanBeMadePermanent) {
 }
 
 TEST(HttpDownstream, ConflictWhileSameKeyIsInProgressIsTransient) {
-  Terminal terminal;
+  ect_delta::TerminalServer terminal{{.keep_alive_timeout = 0s}};  // so that stop() is quick
+  terminal.start();
   terminal.set_latency(10s);  // cut short by stop() below
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
   HttpOptions patient = fast();
@@ -354,6 +498,205 @@ TEST(HttpDownstream, LookupAgainstUnreachableTerminalIsTransient) {
   const auto result = downstream.lookup(key);
   ASSERT_TRUE(result.transient());
   EXPECT_TRUE(contains(result.reason(), "could not connect")) << result.reason();
+}
+
+// --- kept-alive connections ----------------------------------------------------------------------
+
+TEST(HttpDownstream, SequentialClaimsShareOneConnection) {
+  Terminal terminal;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  for (int i = 0; i < 20; ++i) {
+    const auto event = idemgate::derive_key("ect.claim_slot", "sequential", std::to_string(i));
+    ASSERT_TRUE(downstream.claim(msku, event).ok()) << i;
+  }
+  ASSERT_TRUE(downstream.lookup(key).not_found());
+  EXPECT_EQ(terminal.claims_received(), 20);
+  EXPECT_EQ(terminal.connections_used(), 1u);
+}
+
+TEST(HttpDownstream, WithoutKeepAliveEveryClaimOpensItsOwnConnection) {
+  Terminal terminal;
+  HttpOptions options = fast();
+  options.keep_alive = false;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), options};
+  for (int i = 0; i < 5; ++i) {
+    const auto event = idemgate::derive_key("ect.claim_slot", "one-off", std::to_string(i));
+    ASSERT_TRUE(downstream.claim(msku, event).ok()) << i;
+  }
+  EXPECT_EQ(terminal.connections_used(), 5u);
+}
+
+TEST(HttpDownstream, ConcurrentClaimsFromManyThreadsUseAtMostMaxConnections) {
+  Terminal terminal;
+  terminal.set_latency(5ms);  // so that the threads' calls overlap
+  HttpOptions options = fast();
+  options.max_connections = 3;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), options};
+  constexpr int threads_count = 8;
+  constexpr int claims_each = 5;
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  std::latch go(threads_count);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < threads_count; ++t)
+    threads.emplace_back([&, t] {
+      go.arrive_and_wait();
+      for (int i = 0; i < claims_each; ++i) {
+        const auto event =
+            idemgate::derive_key("ect.claim_slot", std::to_string(t), std::to_string(i));
+        const auto result = downstream.claim(msku, event);
+        std::lock_guard lock(mutex);
+        if (!result.ok()) failures.emplace_back(result.reason());
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, the first: " << failures.front();
+  EXPECT_EQ(terminal.claims_received(), threads_count * claims_each);
+  EXPECT_LE(terminal.connections_used(), 3u);
+  EXPECT_GE(terminal.connections_used(), 2u) << "the calls did overlap";
+}
+
+TEST(HttpDownstream, ClaimWaitingLongerThanConnectTimeoutForABusyConnectionIsTransient) {
+  ect_delta::TerminalServer terminal{{.keep_alive_timeout = 0s}};  // so that stop() is quick
+  terminal.start();
+  terminal.set_latency(10s);  // cut short by stop() below
+  HttpOptions options = fast();
+  options.max_connections = 1;
+  options.connect_timeout = 100ms;
+  options.read_timeout = 15s;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), options};
+  std::optional<idemgate::ClaimResult<std::string>> first;
+  std::thread worker([&] { first = downstream.claim(msku, key); });
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (terminal.claims_in_progress() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(terminal.claims_in_progress(), 1);
+
+  const auto other = idemgate::derive_key("ect.claim_slot", "waiting", "MSKU7000037");
+  const auto second = downstream.claim(msku, other);
+  terminal.stop();
+  worker.join();
+  ASSERT_TRUE(second.transient()) << second.reason();
+  EXPECT_TRUE(contains(second.reason(), "all 1 connections")) << second.reason();
+  EXPECT_TRUE(contains(second.reason(), "nothing was sent")) << second.reason();
+  EXPECT_TRUE(contains(second.reason(), "max_connections")) << second.reason();
+  EXPECT_EQ(terminal.claims_received(), 1);
+  ASSERT_TRUE(first.has_value() && first->ok()) << first->reason();
+}
+
+TEST(HttpDownstream, ConnectionIdleLongerThanIdleTimeoutIsNotReused) {
+  Terminal terminal;
+  HttpOptions options = fast();
+  options.idle_timeout = 300ms;  // under the terminal's own 1 s
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), options};
+  ASSERT_TRUE(downstream.claim(msku, key).ok());
+  ASSERT_TRUE(downstream.claim(msku, key).ok());
+  EXPECT_EQ(terminal.connections_used(), 1u) << "reused within the idle timeout";
+  std::this_thread::sleep_for(450ms);
+  ASSERT_TRUE(downstream.claim(msku, key).ok());
+  EXPECT_EQ(terminal.connections_used(), 2u) << "closed after the idle timeout, a new one opened";
+}
+
+TEST(HttpDownstream, ServerClosingIdleConnectionsFailsNoClaim) {
+  // The terminal closes a connection about 10 ms after its last answer.
+  ect_delta::TerminalServer terminal{{.keep_alive_timeout = 0s}};
+  terminal.start();
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  for (int i = 0; i < 5; ++i) {
+    const auto event = idemgate::derive_key("ect.claim_slot", "idle-closed", std::to_string(i));
+    const auto result = downstream.claim(msku, event);
+    ASSERT_TRUE(result.ok()) << i << ": " << result.reason();
+    std::this_thread::sleep_for(60ms);
+  }
+  EXPECT_EQ(terminal.claims_received(), 5);
+  // Each pause is six times the terminal's idle limit, yet on a loaded machine a close may come
+  // late: what matters is that closes happened and no claim failed.
+  EXPECT_GE(terminal.connections_used(), 2u) << "the terminal closed idle connections";
+}
+
+TEST(HttpDownstream, ClaimOnAConnectionClosedAsItIsReusedIsResentOnceUnderTheSameKey) {
+  ClosingOnReuse server;
+  HttpDownstream<SlotApi> downstream{server.base_url(), fast()};
+  const auto first = downstream.claim(msku, key);
+  ASSERT_TRUE(first.ok()) << first.reason();
+  const auto other = idemgate::derive_key("ect.claim_slot", "reused", "MSKU7000037");
+  const auto second = downstream.claim(msku, other);
+  ASSERT_TRUE(second.ok()) << second.reason();
+  EXPECT_EQ(second.outcome(), "S-2") << "answered on a new connection";
+  EXPECT_EQ(server.connections(), 2);
+  const auto requests = server.requests();
+  ASSERT_EQ(requests.size(), 3u) << "the second claim was read twice: once unanswered";
+  EXPECT_TRUE(contains(requests[1], "Idempotency-Key: \"" + other.hex() + '"')) << requests[1];
+  EXPECT_TRUE(contains(requests[2], "Idempotency-Key: \"" + other.hex() + '"')) << requests[2];
+}
+
+TEST(HttpDownstream, LookupOnAConnectionClosedAsItIsReusedIsResent) {
+  ClosingOnReuse server;
+  HttpDownstream<SlotApi> downstream{server.base_url(), fast()};
+  ASSERT_TRUE(downstream.claim(msku, key).ok());
+  const auto found = downstream.lookup(key);
+  ASSERT_TRUE(found.found()) << found.reason();
+  EXPECT_EQ(server.requests().size(), 3u);
+}
+
+TEST(HttpDownstream, ClaimToAFarSideIgnoringKeysIsNeverResent) {
+  ClosingOnReuse server;
+  HttpDownstream<SlotApi, false> downstream{server.base_url(), fast()};
+  ASSERT_TRUE(downstream.claim(msku, key).ok());
+  const auto other = idemgate::derive_key("ect.claim_slot", "not-resent", "MSKU7000037");
+  const auto second = downstream.claim(msku, other);
+  ASSERT_TRUE(second.transient()) << second.reason();
+  EXPECT_TRUE(contains(second.reason(), "may have been processed")) << second.reason();
+  EXPECT_EQ(server.requests().size(), 2u) << "resending could have claimed a second slot";
+  EXPECT_EQ(server.connections(), 1);
+}
+
+TEST(HttpDownstream, SequentialHttpsClaimsShareOneTlsConnection) {
+  HttpsSlots server;
+  HttpOptions options = fast();
+  options.ca_cert_file = server.ca_file();
+  HttpDownstream<SlotApi> downstream{server.base_url(), options};
+  for (int i = 0; i < 10; ++i) {
+    const auto event = idemgate::derive_key("ect.claim_slot", "tls", std::to_string(i));
+    const auto result = downstream.claim(msku, event);
+    ASSERT_TRUE(result.ok()) << i << ": " << result.reason();
+    EXPECT_EQ(result.outcome(), "TLS-" + std::to_string(i + 1));
+  }
+  EXPECT_EQ(server.connections_used(), 1u);
+}
+
+TEST(HttpDownstream, CopiesShareTheirConnections) {
+  Terminal terminal;
+  const HttpDownstream<SlotApi> original{terminal.base_url(), fast()};
+  const HttpDownstream<SlotApi> copy = original;
+  ASSERT_TRUE(original.claim(msku, key).ok());
+  ASSERT_TRUE(copy.claim(msku, key).ok());
+  EXPECT_EQ(terminal.connections_used(), 1u);
+}
+
+// --- the example's slot claim codec
+// ---------------------------------------------------------------
+
+TEST(EctDeltaSlotCodec, EncodesTheTwoFieldsCanonicallyAndReadsThemBack) {
+  const ect_delta::SlotRequest request{"MSKU7000037", "2025-06-09T07:00 \"late\" \xc3\xa9"};
+  std::string bytes;
+  idemgate::codec<ect_delta::SlotRequest>::encode(request, bytes);
+  // The bytes the examples' stores have always held for a request: fixed order, no spaces.
+  EXPECT_EQ(bytes, R"({"container":"MSKU7000037","window":"2025-06-09T07:00 \"late\" )"
+                   "\xc3\xa9\"}");
+  EXPECT_EQ(idemgate::codec<ect_delta::SlotRequest>::decode(bytes), request);
+}
+
+TEST(EctDeltaSlotCodec, RefusesWhatCannotBeAContainerOrAWindow) {
+  std::string bytes;
+  for (const ect_delta::SlotRequest& bad : {ect_delta::SlotRequest{"MSKU\n7000037", "w"},
+                                            ect_delta::SlotRequest{"MSKU7000037", "\xff\xfe"}})
+    EXPECT_THROW(idemgate::codec<ect_delta::SlotRequest>::encode(bad, bytes), idemgate::CodecError);
+  for (const char* stored : {"", R"({"container":"a"})", R"({"container":"a","window":1})",
+                             R"({"container":"a","window":"w","window":"v"})"})
+    EXPECT_THROW((void)idemgate::codec<ect_delta::SlotRequest>::decode(stored),
+                 idemgate::CodecError)
+        << stored;
 }
 
 // --- base URLs ----------------------------------------------------------------------------------

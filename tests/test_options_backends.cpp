@@ -314,4 +314,30 @@ TEST(HttpOptionsRange, ConfigurationStatusesOutsideFourHundredsAreRefused) {
   EXPECT_TRUE(with(server.url(), field, std::vector<int>{404}).claim("c", key).transient());
 }
 
+TEST(HttpOptionsRange, ConnectionPoolOutsideItsRangesIsRefused) {
+  using idemgate::HttpOptions;
+  for (const auto& [value, label] : std::vector<Sample<std::size_t>>{
+           {0, "0"}, {1025, "1025"}, {std::numeric_limits<std::size_t>::max(), "max()"}})
+    expect_refused([&] { (void)with("http://127.0.0.1:1", &HttpOptions::max_connections, value); },
+                   "HttpOptions::max_connections", "between 1 and 1024", label);
+  auto samples = extremes<milliseconds>();
+  samples.push_back({24h + 1ms, "a day and 1 ms"});
+  for (const auto& [value, label] : samples)
+    expect_refused([&] { (void)with("http://127.0.0.1:1", &HttpOptions::idle_timeout, value); },
+                   "HttpOptions::idle_timeout", "between 1 ms and 24 h", label);
+}
+
+TEST(HttpOptionsRange, ConnectionPoolAtItsExtremesIsHonoured) {
+  Answering server(200, "slot-1");
+  idemgate::HttpOptions options;
+  options.max_connections = 1;
+  options.idle_timeout = 1ms;
+  EXPECT_TRUE(PlainDownstream(server.url(), options).claim("c", key).ok());
+  options.max_connections = idemgate::HttpOptions::max_connections_limit;
+  options.idle_timeout = 24h;
+  const PlainDownstream wide(server.url(), options);
+  EXPECT_TRUE(wide.claim("c", key).ok());
+  EXPECT_TRUE(wide.claim("c", key).ok());
+}
+
 #endif  // IDEMGATE_TEST_OPTIONS_HTTP

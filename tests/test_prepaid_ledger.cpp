@@ -99,12 +99,13 @@ class Sender {
     const auto document = json::parse(res->body);
     Answer answer{res->status, {}};
     if (document)
-      answer.word = document->string("status").value_or(document->string("error").value_or(""));
+      answer.word = json::string_member(*document, "status")
+                        .value_or(json::string_member(*document, "error").value_or(""));
     return answer;
   }
 
   /// `GET /accounts/{account}`: the parsed account, or nullopt on 404.
-  std::optional<json::Value> account(const std::string& account) {
+  std::optional<json::Json> account(const std::string& account) {
     const auto res = client_.Get(("/accounts/" + account).c_str(), admin_headers());
     if (!res) {
       ADD_FAILURE() << "GET /accounts/" << account << " got no answer";
@@ -118,13 +119,13 @@ class Sender {
   }
 
   /// `GET /stats`: the server's answer counters.
-  json::Value stats() {
+  json::Json stats() {
     const auto res = client_.Get("/stats", admin_headers());
     if (!res || res->status != 200) {
       ADD_FAILURE() << "GET /stats failed";
       return {};
     }
-    return json::parse(res->body).value_or(json::Value{});
+    return json::parse(res->body).value_or(json::Json{});
   }
 
   /// The signer (same secret as the server).
@@ -178,17 +179,20 @@ struct Ledger {
   }
 };
 
-Ledger read_ledger(const json::Value& v) {
+Ledger read_ledger(const json::Json& v) {
   Ledger out;
-  out.balance = v.integer("balance_cents").value_or(-1);
-  for (const json::Value& d : v.find("debits")->items)
-    out.debits.push_back({*d.integer("debit_id"), *d.string("event_id"), *d.string("message_id"),
-                          *d.integer("cost_cents")});
-  for (const json::Value& r : v.find("inbox")->items)
-    out.inbox.push_back({*r.integer("inbox_id"), *r.string("event_id"), *r.string("message_id")});
-  for (const json::Value& e : v.find("events")->items)
-    out.events.push_back({*e.string("event_id"), *e.string("kind"), *e.integer("entry_id"),
-                          *e.string("message_id"), e.find("reused")->flag});
+  out.balance = json::integer_member(v, "balance_cents").value_or(-1);
+  for (const json::Json& d : v.at("debits"))
+    out.debits.push_back({d.at("debit_id").get<std::int64_t>(), d.at("event_id").get<std::string>(),
+                          d.at("message_id").get<std::string>(),
+                          d.at("cost_cents").get<std::int64_t>()});
+  for (const json::Json& r : v.at("inbox"))
+    out.inbox.push_back({r.at("inbox_id").get<std::int64_t>(), r.at("event_id").get<std::string>(),
+                         r.at("message_id").get<std::string>()});
+  for (const json::Json& e : v.at("events"))
+    out.events.push_back({e.at("event_id").get<std::string>(), e.at("kind").get<std::string>(),
+                          e.at("entry_id").get<std::int64_t>(),
+                          e.at("message_id").get<std::string>(), e.at("reused").get<bool>()});
   return out;
 }
 
@@ -662,11 +666,11 @@ TEST_P(PrepaidLedgerTest, TenThousandEventsWithThirtyPercentReplaysDebitEachMess
   EXPECT_EQ(debits + inbox, static_cast<std::size_t>(originals));
 
   // What monitoring sees: every replay was flagged as a duplicate.
-  const json::Value stats = sender.stats();
-  EXPECT_EQ(stats.integer("accepted"), originals);
-  EXPECT_EQ(stats.integer("duplicate"), 10'000 - originals);
+  const json::Json stats = sender.stats();
+  EXPECT_EQ(json::integer_member(stats, "accepted"), originals);
+  EXPECT_EQ(json::integer_member(stats, "duplicate"), 10'000 - originals);
   std::printf("[ prepaid  ] %lld deliveries waited for a concurrent delivery of their event\n",
-              static_cast<long long>(stats.integer("waited_in_flight").value_or(-1)));
+              static_cast<long long>(json::integer_member(stats, "waited_in_flight").value_or(-1)));
 }
 
 // --- the signed edge and the admin views -------------------------------------------------------

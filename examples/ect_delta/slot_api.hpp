@@ -34,9 +34,7 @@ struct SlotApi {
 
   /// The claim call.
   idemgate::HttpCall claim_call(const SlotRequest& r) const {
-    return {"POST", "/slots",
-            "{\"container\":" + json::quote(r.container) + ",\"window\":" + json::quote(r.window) +
-                '}'};
+    return {"POST", "/slots", json::Json{{"container", r.container}, {"window", r.window}}.dump()};
   }
   /// The lookup call for a key.
   idemgate::HttpCall lookup_call(const idemgate::Key& key) const {
@@ -44,14 +42,16 @@ struct SlotApi {
   }
   /// The slot id from a 2xx body.
   std::optional<std::string> parse_outcome(std::string_view body) const {
-    return json::string_field(body, "slot");
+    const std::optional<json::Json> document = json::parse(body);
+    return document ? json::string_member(*document, "slot") : std::nullopt;
   }
 };
 
 }  // namespace ect_delta
 
-/// Canonical encoding: the two fields as a JSON object in a fixed order. A field holding a
-/// control character cannot be a container or a window and is refused.
+/// Canonical encoding: the two fields as a JSON object in a fixed order (nlohmann-json writes
+/// members sorted by name, without spaces). A field holding a control character or bytes that are
+/// not UTF-8 cannot be a container or a window and is refused.
 template <>
 struct idemgate::codec<ect_delta::SlotRequest> {
   /// Writes `{"container":…,"window":…}`.
@@ -60,13 +60,18 @@ struct idemgate::codec<ect_delta::SlotRequest> {
       for (char c : *field)
         if (static_cast<unsigned char>(c) < 0x20)
           throw idemgate::CodecError("a slot request field holds a control character");
-    out = "{\"container\":" + ect_delta::json::quote(r.container) +
-          ",\"window\":" + ect_delta::json::quote(r.window) + '}';
+    try {
+      out = ect_delta::json::Json{{"container", r.container}, {"window", r.window}}.dump();
+    } catch (const ect_delta::json::Json::type_error&) {
+      throw idemgate::CodecError("a slot request field is not UTF-8");
+    }
   }
   /// Reads the object `encode` wrote.
   static ect_delta::SlotRequest decode(std::string_view in) {
-    auto container = ect_delta::json::string_field(in, "container");
-    auto window = ect_delta::json::string_field(in, "window");
+    const auto document = ect_delta::json::parse(in);
+    auto container =
+        document ? ect_delta::json::string_member(*document, "container") : std::nullopt;
+    auto window = document ? ect_delta::json::string_member(*document, "window") : std::nullopt;
     if (!container || !window)
       throw idemgate::CodecError("a stored slot request lacks its container or window");
     return {std::move(*container), std::move(*window)};

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,7 +35,7 @@
 
 namespace ect_delta {
 
-/// The examples' minimal JSON (common/json.hpp).
+/// The examples' JSON (common/json.hpp, over nlohmann-json).
 namespace json = example::json;
 
 /// One claimed slot.
@@ -48,8 +49,7 @@ struct Slot {
 
   /// The JSON the API answers with.
   [[nodiscard]] std::string to_json() const {
-    return "{\"slot\":" + json::quote(id) + ",\"container\":" + json::quote(container) +
-           ",\"window\":" + json::quote(window) + '}';
+    return json::Json{{"slot", id}, {"container", container}, {"window", window}}.dump();
   }
 };
 
@@ -59,6 +59,12 @@ struct TerminalServerOptions {
   std::chrono::milliseconds key_retention = std::chrono::hours(24);
   /// False: every claim gets a new slot, whatever its key (see `set_honours_keys`).
   bool honours_keys = true;
+  /// How long a kept-alive connection may stay idle before the server closes it (whole
+  /// seconds; 0 closes it as soon as no next request is waiting, after about 10 ms). `stop()`
+  /// waits up to this long for a connection a client keeps idle.
+  std::chrono::seconds keep_alive_timeout = std::chrono::seconds(1);
+  /// Requests served on one connection before the server closes it.
+  std::size_t keep_alive_max_requests = 1000;
 };
 
 /**
@@ -79,7 +85,10 @@ class TerminalServer {
  public:
   /// A server that is not yet listening; call `start()`.
   explicit TerminalServer(TerminalServerOptions options = {})
-      : retention_(options.key_retention), honours_keys_(options.honours_keys) {}
+      : retention_(options.key_retention),
+        honours_keys_(options.honours_keys),
+        keep_alive_timeout_(options.keep_alive_timeout),
+        keep_alive_max_requests_(options.keep_alive_max_requests) {}
   TerminalServer(const TerminalServer&) = delete;
   TerminalServer& operator=(const TerminalServer&) = delete;
   /// Stops the server.
@@ -92,6 +101,14 @@ class TerminalServer {
     std::lock_guard lifecycle(lifecycle_mutex_);
     if (server_) return;
     auto server = std::make_unique<httplib::Server>();
+    server->set_keep_alive_timeout(static_cast<time_t>(keep_alive_timeout_.count()));
+    server->set_keep_alive_max_count(keep_alive_max_requests_);
+    // Status line, headers and body leave in separate writes: on a kept-alive connection, Nagle
+    // and the client's delayed ACK would hold each answer's last write for ~40 ms.
+    server->set_tcp_nodelay(true);
+    // Each kept-alive connection holds a worker while it waits for its next request: more
+    // workers than any client here keeps open.
+    server->new_task_queue = [] { return new httplib::ThreadPool(32); };
     server->Post("/slots", [this](const httplib::Request& req, httplib::Response& res) {
       handle_claim(req, res);
     });
@@ -141,6 +158,11 @@ class TerminalServer {
   [[nodiscard]] int claims_received() const { return claims_received_.load(); }
   /// `GET /slots` requests received.
   [[nodiscard]] int lookups_received() const { return lookups_received_.load(); }
+  /// Client connections that carried a request (told apart by their source port).
+  [[nodiscard]] std::size_t connections_used() const {
+    std::lock_guard lock(mutex_);
+    return connections_.size();
+  }
   /// Claims that have reserved their key and not yet answered (see `set_latency`).
   [[nodiscard]] int claims_in_progress() const { return claims_in_progress_.load(); }
   /// Slots handed out.
@@ -227,7 +249,7 @@ class TerminalServer {
   static void answer_error(httplib::Response& res, int status, std::string_view message) {
     res.status = status;
     if (status == 429 || status == 503) res.set_header("Retry-After", "1");
-    res.set_content("{\"error\":" + json::quote(message) + '}', "application/json");
+    res.set_content(json::Json{{"error", message}}.dump(), "application/json");
   }
 
   static void answer_slot(httplib::Response& res, const Slot& slot, bool replayed, bool drop) {
@@ -254,13 +276,15 @@ class TerminalServer {
     claims_received_.fetch_add(1);
     const std::string header = req.get_header_value("Idempotency-Key");
     std::unique_lock lock(mutex_);
+    connections_.insert(req.remote_port);
     key_headers_.push_back(header);
     if (failures_left_ > 0) {
       --failures_left_;
       return answer_error(res, failure_status_, "injected failure");
     }
-    const auto container = json::string_field(req.body, "container");
-    const auto window = json::string_field(req.body, "window");
+    const std::optional<json::Json> body = json::parse(req.body);
+    const auto container = body ? json::string_member(*body, "container") : std::nullopt;
+    const auto window = body ? json::string_member(*body, "window") : std::nullopt;
     if (!container || container->empty() || !window || window->empty())
       return answer_error(res, 400, "body needs non-empty string fields container and window");
     const std::string key = unquote(header);
@@ -314,6 +338,7 @@ class TerminalServer {
     std::optional<Slot> slot;
     {
       std::lock_guard lock(mutex_);
+      connections_.insert(req.remote_port);
       const auto it = entries_.find(key);
       if (honours_keys_ && it != entries_.end() && it->second.done &&
           std::chrono::steady_clock::now() - it->second.created <= retention_)
@@ -340,6 +365,9 @@ class TerminalServer {
   bool stopping_ = false;
   std::chrono::milliseconds retention_;
   bool honours_keys_;
+  std::chrono::seconds keep_alive_timeout_;
+  std::size_t keep_alive_max_requests_;
+  std::set<int> connections_;
   std::chrono::milliseconds latency_{0};
   int drops_left_ = 0;
   int failures_left_ = 0;

@@ -9,6 +9,8 @@
 
 #include "replay.hpp"
 
+#include <common/json.hpp>
+
 #include <idemgate/detail/postgres/pqxx_compat.hpp>
 #include <idemgate/store/postgres.hpp>
 #include <idemgate/store/sqlite.hpp>
@@ -79,14 +81,11 @@ Arguments parse(int argc, char** argv) {
   return args;
 }
 
-std::string json_counts(const replay::Counts& c) {
-  return "{\"deliveries\":" + std::to_string(c.deliveries) +
-         ",\"containers\":" + std::to_string(c.containers) +
-         ",\"slots_claimed\":" + std::to_string(c.slots_claimed) +
-         ",\"bookings\":" + std::to_string(c.bookings) +
-         ",\"ghost_slots\":" + std::to_string(c.ghost_slots) +
-         ",\"duplicates_blocked\":" + std::to_string(c.duplicates_blocked) +
-         ",\"reconciled\":" + std::to_string(c.reconciled) + '}';
+example::json::Json json_counts(const replay::Counts& c) {
+  return {{"deliveries", c.deliveries},       {"containers", c.containers},
+          {"slots_claimed", c.slots_claimed}, {"bookings", c.bookings},
+          {"ghost_slots", c.ghost_slots},     {"duplicates_blocked", c.duplicates_blocked},
+          {"reconciled", c.reconciled}};
 }
 
 void print_table(const replay::Counts& naive, const replay::Counts& gated) {
@@ -237,8 +236,9 @@ int main(int argc, char** argv) {
                                      ? run_gated<false>(args, setup, gated_url)
                                      : run_gated<true>(args, setup, gated_url);
     if (args.json) {
-      std::cout << "{\"naive\":" << json_counts(naive) << ",\"gated\":" << json_counts(gated)
-                << "}\n";
+      std::cout << example::json::Json{{"naive", json_counts(naive)}, {"gated", json_counts(gated)}}
+                       .dump()
+                << '\n';
     } else {
       print_table(naive, gated);
     }

@@ -232,28 +232,29 @@ namespace prepaid {
  *   // {"type":"message.sent","data":{"account":"acc_1","message_id":"m_1","cost_cents":7}}
  *   auto event = prepaid::event_from(*document, "message.sent", verified.id());
  */
-[[nodiscard]] inline std::optional<Event> event_from(const json::Value& document,
+[[nodiscard]] inline std::optional<Event> event_from(const json::Json& document,
                                                      const std::string& type,
                                                      std::string_view event_id) {
-  const json::Value* data = document.find("data");
-  if (data == nullptr || data->kind != json::Value::Kind::object || !usable_event_id(event_id))
-    return std::nullopt;
+  if (!document.is_object() || !usable_event_id(event_id)) return std::nullopt;
+  const auto found = document.find("data");
+  if (found == document.end() || !found->is_object()) return std::nullopt;
+  const json::Json& data = *found;
   Event event;
   event.event_id = event_id;
   event.type = type;
-  auto account = data->string("account");
-  auto message_id = data->string("message_id");
+  auto account = json::string_member(data, "account");
+  auto message_id = json::string_member(data, "message_id");
   if (!account || !message_id || !detail::plain_id(*account) || !detail::plain_id(*message_id))
     return std::nullopt;
   event.account = std::move(*account);
   event.message_id = std::move(*message_id);
   if (event.debits()) {
-    const auto cost = data->integer("cost_cents");
+    const auto cost = json::integer_member(data, "cost_cents");
     if (!cost || *cost < 0 || *cost > max_cost_cents) return std::nullopt;
     event.cost_cents = *cost;
   } else {
-    auto from = data->string("from");
-    auto text = data->string("text");
+    auto from = json::string_member(data, "from");
+    auto text = json::string_member(data, "text");
     if (!from || !text || from->empty() || from->size() > 64 || !detail::storable_text(*from) ||
         !detail::storable_text(*text))
       return std::nullopt;

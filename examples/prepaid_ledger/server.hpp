@@ -101,33 +101,30 @@ struct Reply {
 
 /// The JSON of an account, as `GET /accounts/{account}` answers it.
 [[nodiscard]] inline std::string account_json(const Account& account) {
-  std::string out = "{\"balance_cents\":" + std::to_string(account.balance_cents) + ",\"debits\":[";
-  for (std::size_t i = 0; i < account.debits.size(); ++i) {
-    const DebitRow& d = account.debits[i];
-    out += (i ? "," : "");
-    out += "{\"debit_id\":" + std::to_string(d.debit_id) +
-           ",\"event_id\":" + json::quote(d.event_id) +
-           ",\"message_id\":" + json::quote(d.message_id) +
-           ",\"cost_cents\":" + std::to_string(d.cost_cents) + '}';
-  }
-  out += "],\"inbox\":[";
-  for (std::size_t i = 0; i < account.inbox.size(); ++i) {
-    const InboxRow& r = account.inbox[i];
-    out += (i ? "," : "");
-    out +=
-        "{\"inbox_id\":" + std::to_string(r.inbox_id) + ",\"event_id\":" + json::quote(r.event_id) +
-        ",\"message_id\":" + json::quote(r.message_id) + ",\"from\":" + json::quote(r.from) + '}';
-  }
-  out += "],\"events\":[";
-  for (std::size_t i = 0; i < account.events.size(); ++i) {
-    const EventRow& e = account.events[i];
-    out += (i ? "," : "");
-    out += "{\"event_id\":" + json::quote(e.event_id) + ",\"kind\":" + json::quote(e.kind) +
-           ",\"entry_id\":" + std::to_string(e.entry_id) +
-           ",\"message_id\":" + json::quote(e.message_id) +
-           ",\"reused\":" + (e.reused ? "true" : "false") + '}';
-  }
-  return out + "]}";
+  json::Json debits = json::Json::array();
+  for (const DebitRow& d : account.debits)
+    debits.push_back({{"debit_id", d.debit_id},
+                      {"event_id", d.event_id},
+                      {"message_id", d.message_id},
+                      {"cost_cents", d.cost_cents}});
+  json::Json inbox = json::Json::array();
+  for (const InboxRow& r : account.inbox)
+    inbox.push_back({{"inbox_id", r.inbox_id},
+                     {"event_id", r.event_id},
+                     {"message_id", r.message_id},
+                     {"from", r.from}});
+  json::Json events = json::Json::array();
+  for (const EventRow& e : account.events)
+    events.push_back({{"event_id", e.event_id},
+                      {"kind", e.kind},
+                      {"entry_id", e.entry_id},
+                      {"message_id", e.message_id},
+                      {"reused", e.reused}});
+  return json::Json{{"balance_cents", account.balance_cents},
+                    {"debits", std::move(debits)},
+                    {"inbox", std::move(inbox)},
+                    {"events", std::move(events)}}
+      .dump();
 }
 
 /**
@@ -192,9 +189,9 @@ class Server {
     const idemgate::WebhookVerification verified = verifier_.verify(req.headers, req.body);
     if (!verified.ok()) return edge_reply(verified.rejection());
 
-    const std::optional<json::Value> document = json::parse(req.body);
-    if (!document || document->kind != json::Value::Kind::object) return malformed();
-    const std::optional<std::string> type = document->string("type");
+    const std::optional<json::Json> document = json::parse(req.body);
+    if (!document || !document->is_object()) return malformed();
+    const std::optional<std::string> type = json::string_member(*document, "type");
     if (!type) return malformed();
     if (!contract().check(*type)) return {422, R"({"error":"unknown_event_type"})"};
     const std::optional<Event> event = event_from(*document, *type, verified.id());
@@ -240,15 +237,14 @@ class Server {
 
   /// `GET /stats`: the answers given since start, and the latest reconciler pass.
   Reply stats() {
-    std::string out = "{";
-    for (const auto& [name, count] : service_.counts())
-      out += json::quote(name) + ':' + std::to_string(count) + ',';
+    json::Json out = json::Json::object();
+    for (const auto& [name, count] : service_.counts()) out[name] = count;
     const idemgate::ReconcileReport report = service_.last_reconcile();
-    out += "\"last_reconcile\":{\"taken\":" + std::to_string(report.taken) +
-           ",\"found\":" + std::to_string(report.found) +
-           ",\"reclaimed\":" + std::to_string(report.reclaimed) +
-           ",\"errors\":" + std::to_string(report.errors) + "}}";
-    return {200, out};
+    out["last_reconcile"] = {{"taken", report.taken},
+                             {"found", report.found},
+                             {"reclaimed", report.reclaimed},
+                             {"errors", report.errors}};
+    return {200, out.dump()};
   }
 
  private:

@@ -159,9 +159,11 @@ void drain(Reconciler* reconciler) {
 /// A notification as published: `{"notification_id":…,"equipment_number":…,
 /// "preferred_window":…}`; none when a field is missing.
 std::optional<ect_delta::Notification> parse_notification(const std::string& body) {
-  auto id = json::string_field(body, "notification_id");
-  auto container = json::string_field(body, "equipment_number");
-  auto window = json::string_field(body, "preferred_window");
+  const auto document = json::parse(body);
+  if (!document) return std::nullopt;
+  auto id = json::string_member(*document, "notification_id");
+  auto container = json::string_member(*document, "equipment_number");
+  auto window = json::string_member(*document, "preferred_window");
   if (!id || !container || !window || id->empty()) return std::nullopt;
   return ect_delta::Notification{std::move(*id), std::move(*container), std::move(*window)};
 }

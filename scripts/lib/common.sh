@@ -6,6 +6,7 @@ IDEMGATE_PACKAGES=(
   g++ cmake make pkg-config
   libssl-dev libpqxx-dev libsqlite3-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev
   postgresql postgresql-contrib pgbouncer
   clang libclang-rt-14-dev
   clang-16 libc++-16-dev libc++abi-16-dev

@@ -8,6 +8,7 @@
 #include "../codec.hpp"
 #include "../concepts.hpp"
 #include "../detail/durations.hpp"
+#include "../detail/http/client_pool.hpp"
 #include "../key.hpp"
 #include "../outcome.hpp"
 #include "../version.hpp"
@@ -21,6 +22,7 @@
 #include <cstddef>
 #include <exception>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -99,12 +101,26 @@ struct HttpOptions {
   /// `ReconcilerOptions::max_attempts`. Every other 4xx except 408, 409, 425 and 429 (always
   /// transient) is a permanent failure. Remove a status here to have it stored as permanent.
   std::vector<int> configuration_statuses = {401, 403, 404, 405, 407, 421};
+  /// Keep connections open after a call and reuse them for the next ones (HTTP/1.1 keep-alive),
+  /// sparing a TCP (and TLS) handshake per call. False opens a new connection for every call
+  /// and closes it after the answer.
+  bool keep_alive = true;
+  /// Most connections open at once, shared by every thread calling this downstream (and its
+  /// copies): from 1 to `max_connections_limit`. A call that finds all of them busy waits up to
+  /// `connect_timeout` for one, then fails transiently with nothing sent.
+  std::size_t max_connections = 16;
+  /// A kept-alive connection idle this long is closed instead of reused: from 1 ms to
+  /// `max_timeout`. Keep it below the far side's own keep-alive timeout (5 s in many servers),
+  /// so that the far side rarely closes a connection just as it is reused.
+  std::chrono::milliseconds idle_timeout = std::chrono::seconds(4);
 
   /// Longest timeout. The HTTP client waits in milliseconds held in an `int`, which a timeout
   /// past about 24 days would overflow.
   static constexpr std::chrono::hours max_timeout{24};
   /// Largest `reason_excerpt_bytes`; reasons are stored with failed rows.
   static constexpr std::size_t max_reason_excerpt_bytes = 64 * 1024;
+  /// Largest `max_connections`.
+  static constexpr std::size_t max_connections_limit = 1024;
 };
 
 /// A parsed base URL: `http[s]://host[:port][/path]`.
@@ -208,9 +224,20 @@ struct BaseUrl {
  * side did the work, and a retry or lookup under the same key returns it. Exceptions thrown by the
  * mapping's `claim_call` propagate (the gate treats them as transient).
  *
- * Thread safety: every call opens its own `httplib::Client` (and connection), so one
- * `HttpDownstream` may be shared by all of a gate's worker threads, provided the mapping's const
- * members are thread-safe. The price is one TCP (and TLS) handshake per call.
+ * Connections: kept alive and reused across calls and threads (`HttpOptions::keep_alive`). Each
+ * connection is an `httplib::Client` that one thread uses at a time; a pool holds at most
+ * `HttpOptions::max_connections` of them, reuses the most recently used first, and closes those
+ * idle longer than `HttpOptions::idle_timeout`. The far side may close an idle connection just
+ * as a call reuses it; the call then fails before any answer arrives, and the downstream sends it
+ * once more on a new connection, but only when resending cannot do the work twice: a claim when
+ * the far side honours keys (`HonoursKeys`; the resend carries the same `Idempotency-Key`, so
+ * the far side answers with the first request's outcome, or 409 while it is still running), and
+ * a lookup, which changes nothing. A timeout, a failure on a new connection and any answer are
+ * never resent. For the gate this only turns a `retry` (a transient failure, redelivered later)
+ * into the answer the redelivery would have got; it never adds a status.
+ *
+ * Thread safety: one `HttpDownstream` may be shared by all of a gate's worker threads, provided
+ * the mapping's const members are thread-safe. Copies share their connections.
  *
  * Example:
  *   struct SlotApi {
@@ -263,14 +290,22 @@ class HttpDownstream {
                                static_cast<std::size_t>(status < 0 ? 0 : status), std::size_t{400},
                                std::size_t{499},
                                "Only client errors (4xx) can mean the set-up is wrong.");
+    detail::require_in_range("HttpOptions::max_connections", options_.max_connections,
+                             std::size_t{1}, HttpOptions::max_connections_limit,
+                             "It bounds the connections open at once to the far side "
+                             "(default 16).");
+    detail::require_in_range("HttpOptions::idle_timeout", options_.idle_timeout,
+                             std::chrono::milliseconds(1), HttpOptions::max_timeout,
+                             "Keep it below the far side's keep-alive timeout (default 4 s).");
+    pool_ = std::make_shared<Pool>(options_.max_connections, options_.idle_timeout);
   }
 
   /// Sends `request` with `key` in the `Idempotency-Key` header.
   [[nodiscard]] ClaimResult<outcome_type> claim(const request_type& request, const Key& key) const {
     const HttpCall call = mapping_.claim_call(request);
     const Exchange exchange = send(call, &key);
-    if (!exchange.result) return TransientFailure{transport_reason(call, exchange)};
-    const httplib::Response& response = exchange.result.value();
+    if (!exchange.answered()) return TransientFailure{transport_reason(call, exchange)};
+    const httplib::Response& response = exchange.response();
     const int status = response.status;
     if (status >= 200 && status < 300) {
       if (auto outcome = parse(response.body)) return std::move(*outcome);
@@ -302,8 +337,8 @@ class HttpDownstream {
       http_lookup_mapping<Mapping> {
     const HttpCall call = mapping_.lookup_call(key);
     const Exchange exchange = send(call, nullptr);
-    if (!exchange.result) return TransientFailure{transport_reason(call, exchange)};
-    const httplib::Response& response = exchange.result.value();
+    if (!exchange.answered()) return TransientFailure{transport_reason(call, exchange)};
+    const httplib::Response& response = exchange.response();
     if (response.status == 404) return NotFound{};
     if (response.status >= 200 && response.status < 300) {
       if (auto outcome = parse(response.body)) return std::move(*outcome);
@@ -326,23 +361,41 @@ class HttpDownstream {
   }
 
  private:
+  using Pool = detail::http::ClientPool<httplib::Client>;
+
+  // One call as it went: the last attempt's result (none when no connection came free), how long
+  // that attempt took, and the error of a first attempt that was resent.
   struct Exchange {
-    httplib::Result result;
-    std::chrono::milliseconds elapsed;
+    std::optional<httplib::Result> result;
+    std::chrono::milliseconds elapsed{0};
+    std::optional<httplib::Error> resent_after;
+
+    bool answered() const { return result.has_value() && static_cast<bool>(*result); }
+    const httplib::Response& response() const { return result->value(); }
   };
 
-  Exchange send(const HttpCall& call, const Key* key) const {
-    httplib::Client client(origin_);
-    client.set_connection_timeout(options_.connect_timeout);
-    client.set_read_timeout(options_.read_timeout);
-    client.set_write_timeout(options_.write_timeout);
-    client.set_keep_alive(false);
+  std::unique_ptr<httplib::Client> make_client() const {
+    auto client = std::make_unique<httplib::Client>(origin_);
+    client->set_connection_timeout(options_.connect_timeout);
+    client->set_read_timeout(options_.read_timeout);
+    client->set_write_timeout(options_.write_timeout);
+    client->set_keep_alive(options_.keep_alive);
     // Headers and body leave in separate writes: without this, Nagle and delayed ACKs add ~40 ms.
-    client.set_tcp_nodelay(true);
+    client->set_tcp_nodelay(true);
 #ifdef CPPHTTPLIB_OPENSSL_SUPPORT
-    if (!options_.ca_cert_file.empty()) client.set_ca_cert_path(options_.ca_cert_file);
+    if (!options_.ca_cert_file.empty()) client->set_ca_cert_path(options_.ca_cert_file);
 #endif
+    return client;
+  }
 
+  // A failure that a connection closed by the far side while idle explains: the request could
+  // not be written, or the connection ended before the answer (not a read timeout).
+  bool closed_while_idle(const httplib::Result& result, std::chrono::milliseconds elapsed) const {
+    return result.error() == httplib::Error::Write ||
+           (result.error() == httplib::Error::Read && elapsed < options_.read_timeout);
+  }
+
+  Exchange send(const HttpCall& call, const Key* key) const {
     httplib::Request request;
     request.method = call.method;
     request.path = base_.path + call.path;
@@ -355,11 +408,38 @@ class HttpDownstream {
       request.body = call.body;
       request.set_header("Content-Type", call.content_type);
     }
-    const auto start = std::chrono::steady_clock::now();
-    httplib::Result result = client.send(request);
-    const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::now() - start);
-    return {std::move(result), elapsed};
+    // A claim is resent only where the far side honours its key; a lookup changes nothing.
+    const bool resendable = key == nullptr || HonoursKeys;
+
+    Exchange exchange;
+    for (;;) {
+      std::optional<Pool::Lease> lease = pool_->acquire(options_.connect_timeout);
+      if (!lease) {
+        exchange.result.reset();
+        return exchange;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        // A resend goes on a new connection: the idle ones may have been closed together.
+        if (!lease->client || exchange.resent_after) {
+          lease->client = make_client();
+          lease->reused = false;
+        }
+        exchange.result.emplace(lease->client->send(request));
+      } catch (...) {
+        pool_->release(nullptr, false);
+        throw;
+      }
+      exchange.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      const bool ok = static_cast<bool>(*exchange.result);
+      const bool keep = ok && options_.keep_alive && lease->client->is_socket_open();
+      pool_->release(std::move(lease->client), keep);
+      if (ok || !lease->reused || !resendable || exchange.resent_after ||
+          !closed_while_idle(*exchange.result, exchange.elapsed))
+        return exchange;
+      exchange.resent_after = exchange.result->error();
+    }
   }
 
   std::optional<outcome_type> parse(std::string_view body) const {
@@ -388,11 +468,25 @@ class HttpDownstream {
   }
 
   std::string transport_reason(const HttpCall& call, const Exchange& exchange) const {
+    std::string reason = attempt_reason(call, exchange);
+    if (exchange.resent_after)
+      reason += " (a first attempt on a kept-alive connection failed too: " +
+                httplib::to_string(*exchange.resent_after) + "; it may have been processed)";
+    return reason;
+  }
+
+  std::string attempt_reason(const HttpCall& call, const Exchange& exchange) const {
     const std::string prefix = describe(call) + ": ";
+    if (!exchange.result)
+      return prefix + "all " + std::to_string(options_.max_connections) + " connections to " +
+             base_.host + ':' + std::to_string(base_.port) + " stayed busy for " +
+             std::to_string(options_.connect_timeout.count()) +
+             " ms; nothing was sent. Raise HttpOptions::max_connections if the far side can take "
+             "more calls at once";
     const std::string maybe_done =
         "; the request may have been processed, so retry or look it up under the same key";
     const auto ms = [](std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; };
-    switch (exchange.result.error()) {
+    switch (exchange.result->error()) {
       case httplib::Error::Connection:
         return prefix + "could not connect to " + base_.host + ':' + std::to_string(base_.port) +
                " (connection refused or host unreachable); nothing was sent";
@@ -415,7 +509,7 @@ class HttpDownstream {
       case httplib::Error::SSLServerVerification:
         return prefix + "the server's TLS certificate did not verify";
       default:
-        return prefix + "the call failed (" + httplib::to_string(exchange.result.error()) + ')' +
+        return prefix + "the call failed (" + httplib::to_string(exchange.result->error()) + ')' +
                maybe_done;
     }
   }
@@ -441,6 +535,7 @@ class HttpDownstream {
   std::string origin_;
   HttpOptions options_;
   Mapping mapping_;
+  std::shared_ptr<Pool> pool_;
 };
 
 namespace detail {
