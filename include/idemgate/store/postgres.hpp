@@ -62,7 +62,7 @@ struct PostgresOptions {
   // partition (the database gone without a FIN or RST) fails within about 20 s and is not acked;
   // the calls after the partition heals open fresh connections. ---
 
-  /// libpq `connect_timeout`: how long opening one connection may take, over all hosts of a
+  /// libpq `connect_timeout`: how long opening one connection may take, per host of a
   /// multi-host URI. Without it, a connect into a partition waits for the kernel (minutes).
   std::chrono::seconds connect_timeout = std::chrono::seconds(10);
   /// libpq `keepalives_idle`: a connection silent this long gets a TCP keepalive probe.
@@ -1035,6 +1035,13 @@ class PostgresStore {
           "); trying again in " + detail::describe(pause) + ".");
       std::this_thread::sleep_for(pause);
     }
+  }
+
+  /// Connections the store closed because a statement went unanswered for
+  /// `PostgresOptions::reply_timeout` (a partition that nothing else reported).
+  [[nodiscard]] std::size_t connections_cut() const noexcept {
+    return pool_.silent_connections_cut() +
+           (relaxed_pool_ ? relaxed_pool_->silent_connections_cut() : 0);
   }
 
   /// The table this store writes.
