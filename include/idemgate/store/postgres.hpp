@@ -64,7 +64,7 @@ struct PostgresOptions {
 
   /// libpq `connect_timeout`: how long opening one connection may take, per host of a
   /// multi-host URI. Without it, a connect into a partition waits for the kernel (minutes).
-  std::chrono::seconds connect_timeout = std::chrono::seconds(10);
+  std::chrono::seconds connect_timeout = std::chrono::seconds(5);
   /// libpq `keepalives_idle`: a connection silent this long gets a TCP keepalive probe.
   std::chrono::seconds keepalives_idle = std::chrono::seconds(10);
   /// libpq `keepalives_interval`: the time between unanswered probes.
@@ -243,7 +243,7 @@ class PostgresStore {
           using std::chrono::seconds;
           detail::require_in_range("PostgresOptions::connect_timeout", options.connect_timeout,
                                    seconds(0), hours(1),
-                                   "It bounds opening a connection (default 10 s; 0: libpq's "
+                                   "It bounds opening a connection (default 5 s; 0: libpq's "
                                    "own, no bound).");
           detail::require_in_range("PostgresOptions::keepalives_idle", options.keepalives_idle,
                                    seconds(0), hours(1),

@@ -157,8 +157,8 @@ class ConnectionUnavailable : public StoreError {
 /// to every connection unless the connection string sets them itself, and the pool's own reply
 /// watchdog. A zero duration or count leaves that setting to libpq or the server.
 struct ConnectionSettings {
-  /// libpq `connect_timeout`: how long opening one connection (all hosts) may take.
-  std::chrono::seconds connect_timeout{10};
+  /// libpq `connect_timeout`: how long opening one connection may take, per host.
+  std::chrono::seconds connect_timeout{5};
   /// libpq `keepalives_idle`: idle time before the first TCP keepalive probe.
   std::chrono::seconds keepalives_idle{10};
   /// libpq `keepalives_interval`: time between unanswered probes.
