@@ -1049,8 +1049,9 @@ class PostgresStore {
 
   /// Checks a connection out of the store's pool, for work beside the gate (tests, tools). It
   /// goes back to the pool when the lease is destroyed; after a `pqxx::broken_connection`, call
-  /// `mark_broken()` on the lease so the pool reopens it.
-  detail::ConnectionPool::Lease connection() { return pool_.acquire(); }
+  /// `mark_broken()` on the lease so the pool reopens it. The reply watchdog
+  /// (`PostgresOptions::reply_timeout`) leaves this connection alone.
+  detail::ConnectionPool::Lease connection() { return pool_.acquire(false); }
 
  private:
   using Lease = detail::ConnectionPool::Lease;

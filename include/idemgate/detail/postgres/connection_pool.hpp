@@ -346,8 +346,10 @@ class ConnectionPool {
   }
 
   /// Checks a connection out, waiting for one to be free; reopens it if it was broken. Throws
-  /// `ConnectionUnavailable` when it must open one and cannot.
-  Lease acquire() {
+  /// `ConnectionUnavailable` when it must open one and cannot. A `watched` connection is cut by
+  /// the reply watchdog when a statement goes unanswered; pass false for work whose pauses the
+  /// pool cannot judge (a caller's own use of the connection).
+  Lease acquire(bool watched = true) {
     std::size_t index = 0;
     {
       std::unique_lock lock(mutex_);
@@ -373,7 +375,7 @@ class ConnectionPool {
     }
     {
       std::lock_guard lock(mutex_);
-      slot.out = true;
+      slot.out = watched;
     }
     return lease;
   }
@@ -403,7 +405,7 @@ class ConnectionPool {
     std::atomic<bool> broken = false;  // set by the lease's holder or by the watchdog
     std::uint64_t prepared = 0;        // one bit per statement the owner prepared on it
     int watch = -1;                    // the pool's own descriptor of the socket (under mutex_)
-    bool out = false;                  // checked out (under mutex_)
+    bool out = false;                  // checked out and watched (under mutex_)
   };
 
   // Reports through the settings' log, if any.
@@ -493,7 +495,12 @@ class ConnectionPool {
         tcp_info info{};
         socklen_t length = sizeof info;
         if (::getsockopt(slot.watch, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) continue;
-        const bool waiting = info.tcpi_last_data_sent < info.tcpi_last_data_recv;
+        // The kernel keeps both times in clock ticks (1 to 10 ms): a statement sent right after
+        // the previous answer arrived shows the same age for both. Equal counts as waiting;
+        // an answer that came within the tick of its statement, followed by a holder idle for
+        // the whole reply timeout inside one of the owner's calls, is cut too, which is safe
+        // (the call fails like on any lost connection and is tried again).
+        const bool waiting = info.tcpi_last_data_sent <= info.tcpi_last_data_recv;
         if (!waiting || info.tcpi_last_data_sent < limit) continue;
         ::shutdown(slot.watch, SHUT_RDWR);
         slot.broken = true;
