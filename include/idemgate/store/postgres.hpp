@@ -59,8 +59,9 @@ struct PostgresOptions {
   // the connection string sets it itself (a keyword in the URI or key=value string, or a
   // `statement_timeout` in its `options` or in PGOPTIONS): the user's own value always wins. A
   // zero leaves the setting to libpq or the server. With the defaults, a call that meets a
-  // partition (the database gone without a FIN or RST) fails within about 20 s and is not acked;
-  // the calls after the partition heals open fresh connections. ---
+  // partition (the database gone without a FIN or RST) fails within about 20 s, a commit (which
+  // reconnects up to `commit_attempts` times) within about 40 s, and is not acked; the calls
+  // after the partition heals open fresh connections. ---
 
   /// libpq `connect_timeout`: how long opening one connection may take, per host of a
   /// multi-host URI. Without it, a connect into a partition waits for the kernel (minutes).
@@ -75,8 +76,9 @@ struct PostgresOptions {
   /// libpq `tcp_user_timeout`: how long sent data may stay unacknowledged before the kernel
   /// drops the connection (a statement sent into a partition).
   std::chrono::milliseconds tcp_user_timeout = std::chrono::seconds(15);
-  /// Server `statement_timeout`, set once on every connection (`SET`, so it also passes through
-  /// PgBouncer): the server ends a statement that runs longer, the business write's included.
+  /// Server `statement_timeout`, set once on every connection with `SET` (a startup option
+  /// would be refused by PgBouncer; behind PgBouncer in transaction mode, set it on the role
+  /// instead): the server ends a statement that runs longer, the business write's included.
   std::chrono::milliseconds statement_timeout = std::chrono::seconds(15);
   /// A checked-out connection that sent a statement and received nothing at all for this long
   /// is taken for dead: the store shuts its socket down, and the call fails like any lost
