@@ -428,8 +428,16 @@ TEST_F(PostgresGate, HugeLimitsMeanNoLimit) {
 }
 
 TEST(PostgresStore, BadConnectionStringIsAClearErrorWithoutThePassword) {
+  // An unreachable server does not stop the store from starting: it logs why and every call
+  // fails until the server is there.
+  std::vector<std::string> lines;
+  PostgresStore store("postgresql://app:s3cret@127.0.0.1:1/nowhere",
+                      {.log = [&](std::string_view line) { lines.emplace_back(line); }});
+  ASSERT_EQ(lines.size(), 1U);
+  EXPECT_NE(lines[0].find("Starting anyway"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[0].find("s3cret"), std::string::npos) << lines[0];
   try {
-    PostgresStore store("postgresql://app:s3cret@127.0.0.1:1/nowhere");
+    (void)store.find(idemgate::derive_key("t", "nowhere"));
     FAIL() << "connecting to a closed port must fail";
   } catch (const idemgate::StoreError& e) {
     const std::string message = e.what();

@@ -17,7 +17,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -27,6 +29,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -70,6 +73,52 @@ struct PostgresOptions {
   /// reservations, each reservation also becomes a transaction of its own that sets
   /// `synchronous_commit` locally (three round trips more).
   PostgresPooling pooling = PostgresPooling::session;
+
+  // --- Dead connections. Each guard below goes into every connection the store opens unless
+  // the connection string sets it itself (a keyword in the URI or key=value string, or a
+  // `statement_timeout` in its `options` or in PGOPTIONS): the user's own value always wins. A
+  // zero leaves the setting to libpq or the server. With the defaults, a call that meets a
+  // partition (the database gone without a FIN or RST) fails within about 20 s, a commit (which
+  // reconnects up to `commit_attempts` times) within about 40 s, and is not acked; the calls
+  // after the partition heals open fresh connections. ---
+
+  /// libpq `connect_timeout`: how long opening one connection may take, per host of a
+  /// multi-host URI. Without it, a connect into a partition waits for the kernel (minutes).
+  std::chrono::seconds connect_timeout = std::chrono::seconds(5);
+  /// libpq `keepalives_idle`: a connection silent this long gets a TCP keepalive probe.
+  std::chrono::seconds keepalives_idle = std::chrono::seconds(10);
+  /// libpq `keepalives_interval`: the time between unanswered probes.
+  std::chrono::seconds keepalives_interval = std::chrono::seconds(3);
+  /// libpq `keepalives_count`: unanswered probes after which the kernel drops the connection.
+  /// With the defaults, a call waiting on a peer that vanished fails after 10 + 3 × 3 = 19 s.
+  std::size_t keepalives_count = 3;
+  /// libpq `tcp_user_timeout`: how long sent data may stay unacknowledged before the kernel
+  /// drops the connection (a statement sent into a partition).
+  std::chrono::milliseconds tcp_user_timeout = std::chrono::seconds(15);
+  /// Server `statement_timeout`, set once on every connection with `SET` (a startup option
+  /// would be refused by PgBouncer; behind PgBouncer in transaction mode, set it on the role
+  /// instead; with `PostgresPooling::transaction` the store does not set it): the server ends a
+  /// statement that runs longer, the business write's included.
+  std::chrono::milliseconds statement_timeout = std::chrono::seconds(15);
+  /// A checked-out connection that sent a statement and received nothing at all for this long
+  /// is taken for dead: the store shuts its socket down, and the call fails like any lost
+  /// connection. It catches what keepalives cannot: a proxy, pooler or load balancer between the
+  /// store and the database that keeps the TCP connection alive while the database behind it is
+  /// gone. Must exceed `statement_timeout` (the server answers by then); zero turns it off.
+  std::chrono::milliseconds reply_timeout = std::chrono::seconds(20);
+  /// The first pause between two commit attempts (`commit_attempts`); it doubles after each
+  /// attempt, up to 5 s, with jitter. It lets a failover finish between attempts.
+  std::chrono::milliseconds retry_backoff = std::chrono::milliseconds(250);
+  /// How long `migrate()` waits for an unreachable server, trying again with backoff, before it
+  /// throws `StoreError`. Other calls never wait for it: they throw at once, so the event is not
+  /// acked and comes back.
+  std::chrono::milliseconds startup_wait = std::chrono::minutes(2);
+  /// Where the store reports what no call returns: a lazy start while the server is down, a
+  /// lease release that failed, a commit tried again, a silent connection cut. Standard error by
+  /// default; an empty function silences it.
+  std::function<void(std::string_view)> log = [](std::string_view line) {
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+  };
 };
 
 namespace detail {
@@ -192,7 +241,11 @@ class PostgresStore {
   /// The business write's transaction: write your business rows with it.
   using transaction = pqxx::work;
 
-  /// Connects to `uri` (the first connection opens now, so a bad URI throws `StoreError` here).
+  /// Connects to `uri`, a URI (`postgresql://user@h1:5432,h2:5432/db?target_session_attrs=
+  /// read-write` follows a failover) or key=value pairs. A string libpq cannot read throws
+  /// `StoreError` here. The first connection is tried now; when the server cannot be reached the
+  /// store says so in its log (`PostgresOptions::log`) and starts anyway: every call opens the
+  /// connection it needs, and fails with `StoreError` (do not ack) until the server is back.
   explicit PostgresStore(std::string uri, PostgresOptions options = {})
       : options_([&] {
           using std::chrono::milliseconds;
@@ -208,18 +261,63 @@ class PostgresStore {
                                         std::to_string(options.commit_attempts) +
                                         "; it must be between 1 and 100. It is how often a commit "
                                         "whose connection broke is tried (default 3).");
+          using std::chrono::hours;
+          using std::chrono::seconds;
+          detail::require_in_range("PostgresOptions::connect_timeout", options.connect_timeout,
+                                   seconds(0), hours(1),
+                                   "It bounds opening a connection (default 5 s; 0: libpq's "
+                                   "own, no bound).");
+          detail::require_in_range("PostgresOptions::keepalives_idle", options.keepalives_idle,
+                                   seconds(0), hours(1),
+                                   "It is the silence before a keepalive probe (default 10 s).");
+          detail::require_in_range("PostgresOptions::keepalives_interval",
+                                   options.keepalives_interval, seconds(0), hours(1),
+                                   "It is the time between keepalive probes (default 3 s).");
+          detail::require_in_range("PostgresOptions::keepalives_count", options.keepalives_count,
+                                   std::size_t{0}, std::size_t{1000},
+                                   "It is how many unanswered probes drop a connection "
+                                   "(default 3).");
+          detail::require_in_range("PostgresOptions::tcp_user_timeout", options.tcp_user_timeout,
+                                   milliseconds(0), hours(1),
+                                   "It bounds unacknowledged sent data (default 15 s).");
+          detail::require_in_range("PostgresOptions::statement_timeout", options.statement_timeout,
+                                   milliseconds(0), hours(24),
+                                   "It is the server's limit per statement (default 15 s).");
+          detail::require_in_range("PostgresOptions::reply_timeout", options.reply_timeout,
+                                   milliseconds(0), hours(24),
+                                   "It is how long a statement may go unanswered (default 20 s).");
+          if (options.reply_timeout.count() > 0 && options.statement_timeout.count() > 0 &&
+              options.reply_timeout <= options.statement_timeout)
+            throw std::invalid_argument(
+                "idemgate: PostgresOptions::reply_timeout (" +
+                detail::describe(options.reply_timeout) +
+                ") must exceed PostgresOptions::statement_timeout (" +
+                detail::describe(options.statement_timeout) +
+                "), or statements the server would still finish are cut; raise it, or set it to "
+                "0 to turn the reply watchdog off.");
+          detail::require_in_range("PostgresOptions::retry_backoff", options.retry_backoff,
+                                   milliseconds(0), std::chrono::minutes(1),
+                                   "It is the first pause between commit attempts (default "
+                                   "250 ms).");
+          detail::require_in_range("PostgresOptions::startup_wait", options.startup_wait,
+                                   milliseconds(0), hours(24),
+                                   "It is how long migrate() waits for the server (default "
+                                   "2 min).");
           return std::move(options);
         }()),
         table_(detail::checked_table_name(options_.table)),
         sql_(statements(table_)),
-        pool_(uri, options_.pool_size, options_.checkout_timeout) {
+        pool_(uri, options_.pool_size, options_.checkout_timeout, connection_settings({})) {
     // Behind a transaction pooler, a session-level SET would stay on whichever server
     // connection ran it and leave other clients' commits, this store's own included, without
     // the WAL flush: relaxed reservations set it per transaction there (reserve_statement).
     if (options_.relaxed_reservations)
       relaxed_pool_ = std::make_unique<detail::ConnectionPool>(
           uri, options_.pool_size, options_.checkout_timeout,
-          pooled_by_transaction() ? std::string() : std::string("SET synchronous_commit = off"));
+          connection_settings(pooled_by_transaction()
+                                  ? std::string()
+                                  : std::string("SET synchronous_commit = off;")),
+          false);
   }
 
   /// The schema for a table name: the log, its constraints and the partial in-flight index.
@@ -281,15 +379,35 @@ class PostgresStore {
   }
 
   /// Creates the table and index if missing. Idempotent and safe from several processes at once.
+  /// When the server cannot be reached, it waits for it up to `PostgresOptions::startup_wait`,
+  /// trying again with backoff and logging each failure, then throws `StoreError`: a consumer
+  /// started during an outage migrates as soon as the database is back.
   void migrate() {
-    run([&](Lease& c) {
-      pqxx::work tx(c.connection());
-      // Serialises concurrent migrations: CREATE ... IF NOT EXISTS alone can race.
-      detail::pq::exec(tx, "SELECT pg_advisory_xact_lock(7158029411)");
-      detail::pq::exec(tx, schema_sql(table_));
-      tx.commit();
-      return 0;
-    });
+    const auto give_up =
+        detail::saturating_add(std::chrono::steady_clock::now(), options_.startup_wait);
+    for (int n = 1;; ++n) {
+      try {
+        run([&](Lease& c) {
+          pqxx::work tx(c.connection());
+          // Serialises concurrent migrations: CREATE ... IF NOT EXISTS alone can race.
+          detail::pq::exec(tx, "SELECT pg_advisory_xact_lock(7158029411)");
+          detail::pq::exec(tx, schema_sql(table_));
+          tx.commit();
+          return 0;
+        });
+        if (n > 1) log("idemgate: PostgreSQL is back; migrated " + table_ + ".");
+        return;
+      } catch (const detail::ConnectionUnavailable& e) {
+        const auto pause = backoff(n);
+        if (std::chrono::steady_clock::now() + pause >= give_up)
+          throw StoreError(std::string(e.what()) + " migrate() waited " +
+                           detail::describe(options_.startup_wait) +
+                           " (PostgresOptions::startup_wait) for it; start it, or call migrate() "
+                           "again.");
+        log(std::string(e.what()) + " migrate() tries again in " + detail::describe(pause) + ".");
+        std::this_thread::sleep_for(pause);
+      }
+    }
   }
 
   /// Inserts the key as in flight in one statement, takes over an expired lease with a fence
@@ -392,11 +510,21 @@ class PostgresStore {
   bool release(const Key& key, std::int64_t fence, std::string_view reason) {
     const std::string key_param = detail::pq::bytea_param(key.view());
     const std::string reason_text(reason);
-    return run([&](Lease& c) {
-      pqxx::nontransaction tx(c.connection());
-      return detail::pq::affected_rows(
-                 exec_prepared(c, tx, Statement::release, key_param, fence, reason_text)) > 0;
-    });
+    try {
+      return run([&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
+        return detail::pq::affected_rows(
+                   exec_prepared(c, tx, Statement::release, key_param, fence, reason_text)) > 0;
+      });
+    } catch (const std::exception& e) {
+      // Callers give leases back on their way out of a failure and cannot do anything more
+      // about this one: say so here, where it happened.
+      log("idemgate: could not release the lease of key " + key.hex() + " (fence " +
+          std::to_string(fence) + "): " + e.what() +
+          " Safe: the lease runs out by itself, then a redelivery or the reconciler takes the "
+          "event over; until then, redeliveries of it answer \"in flight\".");
+      throw;
+    }
   }
 
   /// Extends the leases the caller still holds to `lease` from now, in one statement; returns how
@@ -865,12 +993,23 @@ class PostgresStore {
     }
     const std::string key_array = detail::pq::bytea_array_param(keys);
     const std::string fence_array = detail::pq::bigint_array_param(fences);
+    // Set once an attempt's COMMIT may have landed before its connection broke: the next
+    // attempt first asks. It is one transaction: all of the batch landed, or none of it did.
+    bool may_have_landed = false;
     for (int attempt = 1;; ++attempt) {
-      bool in_doubt = false;
       std::string why;
-      {
+      try {
         auto lease = pool_.acquire();
         try {
+          if (may_have_landed) {
+            pqxx::nontransaction check(lease.connection());
+            const std::int64_t landed = detail::pq::int_field(
+                exec_prepared(lease, check, Statement::batch_landed, key_array, fence_array)[0][0]);
+            if (landed == static_cast<std::int64_t>(items.size()))
+              return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
+            if (landed != 0) return std::nullopt;  // fences moved meanwhile: item by item decides
+            may_have_landed = false;
+          }
           pqxx::work tx(lease.connection());
           // Each business write is followed by its own fenced update, checked like commit's: a
           // business write that breaks the transaction is named, and no later item's write runs
@@ -881,42 +1020,48 @@ class PostgresStore {
                 tx, fenced_update_sql(items[i].key, items[i].fence, items[i].result), items[i].key);
             if (detail::pq::affected_rows(updated) == 0) return std::nullopt;  // a fence moved
           }
+          may_have_landed = true;  // from here on, the COMMIT may land whatever we hear back
           tx.commit();
           return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
         } catch (const StoreError&) {
           throw;
         } catch (const pqxx::broken_connection& e) {
           lease.mark_broken();
-          in_doubt = true;
           why = e.what();
         } catch (const pqxx::in_doubt_error& e) {
           lease.mark_broken();
-          in_doubt = true;
           why = e.what();
         } catch (const pqxx::sql_error& e) {
-          throw_if_log_schema_error(e);
-          return std::nullopt;  // a business write refused: item by item costs only its message
+          if (!reconnectable(e)) {
+            throw_if_log_schema_error(e);
+            return std::nullopt;  // a business write refused: item by item costs only its message
+          }
+          lease.mark_broken();
+          why = e.what();
         } catch (const std::exception&) {
           return std::nullopt;
         }
+      } catch (const detail::ConnectionUnavailable& e) {
+        why = e.what();
       }
-      if (!in_doubt) return std::nullopt;
-      // The COMMIT may have landed before the connection broke. It is one transaction: all of
-      // the batch landed, or none of it did.
-      const std::int64_t landed = run([&](Lease& c) {
-        pqxx::nontransaction tx(c.connection());
-        return detail::pq::int_field(
-            exec_prepared(c, tx, Statement::batch_landed, key_array, fence_array)[0][0]);
-      });
-      if (landed == static_cast<std::int64_t>(items.size()))
-        return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
-      if (landed != 0) return std::nullopt;  // fences moved meanwhile: item by item decides
       if (attempt >= options_.commit_attempts)
         throw StoreError("idemgate: the batch commit of " + std::to_string(items.size()) +
-                         " events failed " + std::to_string(attempt) + " times (" + why +
-                         "); nothing was committed. Do not ack: the redelivery or the "
-                         "reconciler finishes them.");
+                         " events failed " + std::to_string(attempt) + " times (" + trimmed(why) +
+                         "); nothing was committed, or it could not be confirmed. Do not ack: "
+                         "the redelivery or the reconciler finishes them.");
+      const auto pause = backoff(attempt);
+      log("idemgate: batch commit attempt " + std::to_string(attempt) + " of " +
+          std::to_string(options_.commit_attempts) + " failed (" + trimmed(why) +
+          "); trying again in " + detail::describe(pause) + ".");
+      std::this_thread::sleep_for(pause);
     }
+  }
+
+  /// Connections the store closed because a statement went unanswered for
+  /// `PostgresOptions::reply_timeout` (a partition that nothing else reported).
+  [[nodiscard]] std::size_t connections_cut() const noexcept {
+    return pool_.silent_connections_cut() +
+           (relaxed_pool_ ? relaxed_pool_->silent_connections_cut() : 0);
   }
 
   /// The table this store writes.
@@ -924,8 +1069,9 @@ class PostgresStore {
 
   /// Checks a connection out of the store's pool, for work beside the gate (tests, tools). It
   /// goes back to the pool when the lease is destroyed; after a `pqxx::broken_connection`, call
-  /// `mark_broken()` on the lease so the pool reopens it.
-  detail::ConnectionPool::Lease connection() { return pool_.acquire(); }
+  /// `mark_broken()` on the lease so the pool reopens it. The reply watchdog
+  /// (`PostgresOptions::reply_timeout`) leaves this connection alone.
+  detail::ConnectionPool::Lease connection() { return pool_.acquire(false); }
 
  private:
   using Lease = detail::ConnectionPool::Lease;
@@ -1068,27 +1214,99 @@ class PostgresStore {
   }
 
   // Runs a write transaction of `key` (commit, resolve) on a pooled connection. A connection that
-  // broke, or a COMMIT whose fate is unknown, is tried again on a fresh connection up to
-  // `commit_attempts` times; `attempt(connection, n)` gets the attempt's number, so that a repeat
-  // first looks whether the previous one landed.
+  // broke, a COMMIT whose fate is unknown, or a connection that cannot be opened (the server is
+  // down, or a failover is under way) is tried again, on a fresh connection and after a pause
+  // (`backoff`), up to `commit_attempts` times in all; `attempt(connection, n)` gets the
+  // attempt's number, so that a repeat first looks whether the previous one landed.
   template <class Attempt>
   auto with_commit_retries(const Key& key, Attempt&& attempt)
       -> std::invoke_result_t<Attempt&, Lease&, int> {
     for (int n = 1;; ++n) {
-      auto lease = pool_.acquire();
+      std::string why;
       try {
-        return attempt(lease, n);
-      } catch (const pqxx::broken_connection& e) {
-        lease.mark_broken();
-        if (n >= options_.commit_attempts) throw commit_unknown(key, e);
-      } catch (const pqxx::in_doubt_error& e) {
-        lease.mark_broken();
-        if (n >= options_.commit_attempts) throw commit_unknown(key, e);
-      } catch (const pqxx::sql_error& e) {
-        throw_if_log_schema_error(e);
-        throw;  // anything else, the business write's own errors included, unchanged
+        auto lease = pool_.acquire();
+        try {
+          return attempt(lease, n);
+        } catch (const pqxx::broken_connection& e) {
+          lease.mark_broken();
+          why = e.what();
+        } catch (const pqxx::in_doubt_error& e) {
+          lease.mark_broken();
+          why = e.what();
+        } catch (const pqxx::sql_error& e) {
+          if (!reconnectable(e)) {
+            throw_if_log_schema_error(e);
+            throw;  // anything else, the business write's own errors included, unchanged
+          }
+          lease.mark_broken();
+          why = e.what();
+        }
+      } catch (const detail::ConnectionUnavailable& e) {
+        why = e.what();
       }
+      if (n >= options_.commit_attempts) throw commit_unknown(key, n, why);
+      const auto pause = backoff(n);
+      log("idemgate: commit attempt " + std::to_string(n) + " of " +
+          std::to_string(options_.commit_attempts) + " for key " + key.hex() + " failed (" +
+          trimmed(why) + "); trying again in " + detail::describe(pause) + ".");
+      std::this_thread::sleep_for(pause);
     }
+  }
+
+  // The pause after failed commit attempt `n`: `retry_backoff` doubled per attempt, at most 5 s,
+  // of which a random quarter is taken off so that workers that failed together retry apart.
+  std::chrono::milliseconds backoff(int n) const {
+    using std::chrono::milliseconds;
+    milliseconds pause = options_.retry_backoff;
+    for (int i = 1; i < n && pause < milliseconds(5000); ++i) pause *= 2;
+    pause = std::min(pause, milliseconds(5000));
+    const auto quarter = pause.count() / 4;
+    if (quarter > 0)
+      pause -= milliseconds(
+          static_cast<std::int64_t>(static_cast<std::uint64_t>(detail::new_holder_token()) %
+                                    static_cast<std::uint64_t>(quarter + 1)));
+    return pause;
+  }
+
+  // Whether an SQL error says this connection is no use any more but another may be: the server
+  // is shutting down or starting (57P0x), the connection failed (08xxx), or it reached a standby
+  // (25006, read-only: after a failover, an old primary that came back as a standby). Nothing
+  // was written: the work may run again on a fresh connection.
+  static bool reconnectable(const pqxx::sql_error& e) {
+    const std::string state = detail::pq::sqlstate(e);
+    return state == "25006" || state.rfind("57P0", 0) == 0 || state.rfind("08", 0) == 0;
+  }
+
+  // The pool's guards against dead connections, from the options.
+  detail::ConnectionSettings connection_settings(std::string session_sql) const {
+    detail::ConnectionSettings settings;
+    settings.connect_timeout = options_.connect_timeout;
+    settings.keepalives_idle = options_.keepalives_idle;
+    settings.keepalives_interval = options_.keepalives_interval;
+    settings.keepalives_count = static_cast<int>(options_.keepalives_count);
+    settings.tcp_user_timeout = options_.tcp_user_timeout;
+    // Behind a transaction pooler a session-level SET would stay on a server connection other
+    // clients share: the statement timeout is then the role's or the server's to set.
+    settings.statement_timeout =
+        pooled_by_transaction() ? std::chrono::milliseconds::zero() : options_.statement_timeout;
+    settings.reply_timeout = options_.reply_timeout;
+    settings.session_sql = std::move(session_sql);
+    settings.log = options_.log;
+    return settings;
+  }
+
+  // Reports through `PostgresOptions::log`; a log that throws is ignored.
+  void log(const std::string& line) const noexcept {
+    if (!options_.log) return;
+    try {
+      options_.log(line);
+    } catch (...) {
+    }
+  }
+
+  static std::string trimmed(std::string text) {
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    return text;
   }
 
   // Runs one unit of work on a pooled connection. A connection that broke before or during
@@ -1119,8 +1337,11 @@ class PostgresStore {
                            "). Do not ack; the redelivery will try again once the database is "
                            "back.");
       } catch (const pqxx::sql_error& e) {
-        throw_if_log_schema_error(e);
-        throw;  // anything else, the business write's own errors included, unchanged
+        if (!reconnectable(e) || attempt >= 2) {
+          throw_if_log_schema_error(e);
+          throw;  // anything else, the business write's own errors included, unchanged
+        }
+        lease.mark_broken();
       }
     }
   }
@@ -1258,10 +1479,10 @@ class PostgresStore {
                       "upgrade it (it only adds columns and indexes)");
   }
 
-  StoreError commit_unknown(const Key& key, const std::exception& e) const {
+  StoreError commit_unknown(const Key& key, int attempts, const std::string& why) const {
     return StoreError("idemgate: the commit of key " + key.hex() +
-                      " could not be confirmed after " + std::to_string(options_.commit_attempts) +
-                      " attempts (" + e.what() +
+                      " could not be confirmed after " + std::to_string(attempts) + " attempts (" +
+                      trimmed(why) +
                       "). Do not ack: the row stays in flight and a redelivery after its lease, "
                       "or the reconciler, finishes it.");
   }
