@@ -205,6 +205,7 @@ TEST_F(PgBouncerTransactionPooling, RelaxedReservationsLeaveNoSettingOnTheServer
                               .checkout_timeout = 5s,
                               .relaxed_reservations = true,
                               .pooling = PostgresPooling::session});
+  reserve_and_commit(leaky, idemgate::derive_key("pgbouncer", "leaky"));
   EXPECT_EQ(synchronous_commit_seen_through(pool1), "off");
 }
 
