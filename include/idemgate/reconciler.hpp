@@ -195,6 +195,7 @@ class Reconciler {
   void stop() {
     stopping_.store(true);
     worker_.stop();
+    stopping_.store(false);  // a `run_once` called afterwards is a whole pass again
   }
 
   /// The report of the background loop's latest pass.
