@@ -8,6 +8,7 @@
 #include "support/slot_request.hpp"
 #include "support/sqlite_files.hpp"
 
+#include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/reconciler.hpp>
 #include <idemgate/shutdown.hpp>
@@ -354,4 +355,46 @@ TEST(StopSignal, ASigtermSetsTheFlagAndWakesTheWaiterWithoutKillingTheProcess) {
   EXPECT_TRUE(sigterm.requested());
   EXPECT_EQ(sigterm.signal(), SIGTERM);
   EXPECT_THROW(idemgate::StopSignal second, std::logic_error);
+}
+
+TEST(GateStop, AStoppingReconcilerFinishesTheRowInHandAndGivesTheOthersBack) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  MemoryBookings bookings;
+  Gate gate{store, terminal, bookings.writer(), {.lease = 1ms}};
+  std::vector<Key> keys;
+  for (int i = 0; i < 3; ++i) {
+    const SlotRequest r{"MSKU700000" + std::to_string(i), "w"};
+    keys.push_back(idemgate::derive_key("stranded", r.container));
+    const std::string bytes = gate.encode_request(r);
+    (void)store.reserve(keys.back(), idemgate::detail::sha256(bytes), bytes, 1ms);
+  }
+  std::this_thread::sleep_for(5ms);  // every lease has run out: three stranded rows
+  std::promise<void> in_pass;
+  std::atomic<bool> stop_called{false};
+  terminal.before = [&](const SlotRequest&, const Key&) {
+    if (terminal.calls() == 1) {
+      in_pass.set_value();
+      while (!stop_called.load()) std::this_thread::sleep_for(1ms);
+      std::this_thread::sleep_for(100ms);  // stop() has raised its flag and waits for the pass
+    }
+    return std::optional<idemgate::ClaimResult<std::string>>();
+  };
+  Reconciler reconciler{gate, {.interval = 1h, .stale_after = 0ms}};
+  reconciler.start();
+  in_pass.get_future().wait();
+  stop_called = true;
+  reconciler.stop();
+  EXPECT_EQ(terminal.calls(), 1) << "the pass went on after stop()";
+  EXPECT_EQ(reconciler.last_report().deferred, 2u);
+  int committed = 0, given_back = 0;
+  for (const Key& k : keys) {
+    const auto row = store.find(k);
+    if (row->status == RecordStatus::committed) ++committed;
+    if (row->status == RecordStatus::in_flight &&
+        row->lease_until < std::chrono::system_clock::now() - 1h)
+      ++given_back;
+  }
+  EXPECT_EQ(committed, 1);
+  EXPECT_EQ(given_back, 2);
 }
