@@ -5,6 +5,7 @@
 #include "support/fake_terminal.hpp"
 #include "support/pausing_store.hpp"
 #include "support/pg_bookings.hpp"
+#include "support/pg_fault_proxy.hpp"
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
 
@@ -136,4 +137,51 @@ TEST_F(PostgresHeartbeat, ARenewalThatFindsTheFenceTakenMakesProcessAnswerRetryN
   EXPECT_EQ(inner.find(key)->status, RecordStatus::in_flight);
   EXPECT_EQ(inner.find(key)->fence, 2);
   EXPECT_EQ(booking_count(), 1) << "only the neighbour's booking";
+}
+
+TEST_F(PostgresHeartbeat, RenewalsCutOffByANetworkThatWentDarkMakeProcessAnswerRetryNotAck) {
+  // The worker reaches PostgreSQL through a proxy whose network goes dark while the downstream
+  // call runs; another worker, on a direct connection, still reaches it.
+  idemgate::test::PgFaultProxy proxy{uri};
+  PostgresStore direct(uri, {.table = log});
+  direct.migrate();
+  PostgresStore inner(proxy.uri(), {.table = log});
+  std::mutex mutex;
+  std::condition_variable changed;
+  int extends = 0;
+  PausingStore<PostgresStore> store{inner,
+                                    [&](const PausePoint& at) {
+                                      if (at.step != Step::extend) return;
+                                      std::lock_guard lock(mutex);
+                                      ++extends;
+                                      changed.notify_all();
+                                    },
+                                    false};
+  FakeTerminal<> terminal;
+  Gate other{direct, terminal, booking_writer(), {.lease = 300ms}};
+  std::optional<Status> redelivered;
+  terminal.before = [&](const SlotRequest& r, const Key& k) {
+    if (redelivered) return Answer();
+    redelivered = Status::in_flight;
+    proxy.blackhole(1500ms);  // five leases without a renewal reaching the server
+    std::this_thread::sleep_for(700ms);
+    redelivered = other.process(k, r).status();  // the lease ran out: taken over, committed
+    std::this_thread::sleep_for(1000ms);         // the network comes back
+    // The dark renewal ended when the network came back (its connection torn: it failed, or it
+    // was repeated and found the fence gone). A renewal after it, if the lease is still tried,
+    // shows it was recorded; none comes once the heartbeat knows the fence is gone.
+    std::unique_lock lock(mutex);
+    const int now = extends;
+    (void)changed.wait_for(lock, 2s, [&] { return extends > now; });
+    return Answer();
+  };
+  Gate gate{store, terminal, booking_writer(), {.lease = 300ms}};
+  const auto result = gate.process(key, msku);
+  EXPECT_EQ(redelivered, Status::processed);
+  EXPECT_EQ(result.status(), Status::retry) << result.reason();
+  EXPECT_FALSE(result.should_ack());
+  EXPECT_EQ(direct.find(key)->status, RecordStatus::committed);
+  EXPECT_EQ(direct.find(key)->fence, 2);
+  EXPECT_EQ(booking_count(), 1);
+  expect_no_half_state();
 }
