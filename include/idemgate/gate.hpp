@@ -8,13 +8,17 @@
 #include "detail/durations.hpp"
 #include "detail/lru_cache.hpp"
 #include "errors.hpp"
+#include "leases.hpp"
 #include "outcome.hpp"
 #include "signals.hpp"
 
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -28,9 +32,21 @@ namespace idemgate {
 
 /// Tuning of a `Gate`.
 struct GateOptions {
-  /// How long a reservation stays exclusive. Set it a bit above the longest plausible
-  /// processing time; a redelivery after it expires takes the event over.
-  std::chrono::milliseconds lease = std::chrono::minutes(2);
+  /// How long a reservation stays exclusive without a renewal. While a call runs, the gate's
+  /// heartbeat renews its lease every third of it (`heartbeat`), so a slow call is never taken
+  /// over however long it takes; a worker that died stops renewing and its event is taken over by
+  /// a redelivery or the reconciler one lease after its last renewal. Keep it short (the
+  /// worst-case recovery after a crash is about lease + `ReconcilerOptions::interval`, see
+  /// docs/design.md), but well above the longest stall of the whole process (a renewal late by
+  /// more than two thirds of the lease loses the event to another attempt: the fenced commit then
+  /// refuses this one). On a store without `extend` there is no heartbeat: set it above the
+  /// longest plausible processing time.
+  std::chrono::milliseconds lease = std::chrono::seconds(10);
+  /// Renews the leases of the calls in progress (`process`, `process_batch` and the reconciler's
+  /// passes) every third of the lease from one background thread per gate. Off, a lease is only
+  /// renewed between the events of a batch or a pass: a call longer than the lease is taken over
+  /// (tests that move the store's clock by hand turn it off to keep their schedule their own).
+  bool heartbeat = true;
   /// Largest encoded request the gate accepts (it is stored with the reservation).
   std::size_t max_request_bytes = 1 << 20;
   /// Committed keys remembered in this process (a bounded LRU) to answer hot duplicates without
@@ -40,56 +56,20 @@ struct GateOptions {
   std::size_t cache_capacity = 0;
 };
 
-namespace detail {
-
-/// Ends a lease the caller holds, keeping `reason` as why where the store can
-/// (`explaining_store`). False when the fence no longer holds.
-template <class Store>
-bool release_with_reason(Store& store, const Key& key, std::int64_t fence,
-                         std::string_view reason) {
-  if constexpr (explaining_store<Store>)
-    return store.release(key, fence, reason);
-  else
-    return store.release(key, fence);
-}
-
-/// Keeps the leases of a batch alive while its events are worked through one after another: every
-/// third of the lease, one `extend` call renews every lease still held. A no-op on a store that
-/// cannot extend leases.
-template <class Store>
-class LeaseKeeper {
- public:
-  LeaseKeeper(Store& store, std::chrono::milliseconds lease) : store_(store), lease_(lease) {}
-
-  /// Starts keeping `held` alive (from now).
-  void hold(std::vector<HeldLease> held) {
-    held_ = std::move(held);
-    renewed_ = std::chrono::steady_clock::now();
-  }
-
-  /// Stops keeping the lease of `key` alive (it was settled).
-  void drop(const Key& key) {
-    std::erase_if(held_, [&](const HeldLease& h) { return h.key == key; });
-  }
-
-  /// Extends the leases still held when a third of the lease has passed since the last renewal.
-  void keep_alive() {
-    if constexpr (lease_extending_store<Store>) {
-      const auto now = std::chrono::steady_clock::now();
-      if (held_.empty() || now - renewed_ < lease_ / 3) return;
-      store_.extend(held_, lease_);
-      renewed_ = now;
-    }
-  }
-
- private:
-  Store& store_;
-  std::chrono::milliseconds lease_;
-  std::vector<HeldLease> held_;
-  std::chrono::steady_clock::time_point renewed_;
+/// What `Gate::stop` did.
+struct StopReport {
+  /// Calls (`process`, `process_batch`) in progress when the stop began.
+  std::size_t running = 0;
+  /// Of those, the ones still running when the grace period ended: their events are left to a
+  /// redelivery (their leases were given back) unless their fenced commit still lands.
+  std::size_t unfinished = 0;
+  /// Leases given back (fenced release) so a redelivery takes their events over at once.
+  std::size_t given_back = 0;
+  /// Leases that could not be given back (the store failed): they run out after the lease.
+  std::size_t not_given_back = 0;
+  /// True when every call finished within the grace period.
+  [[nodiscard]] bool clean() const noexcept { return unfinished == 0; }
 };
-
-}  // namespace detail
 
 /// The default business write's type: a callable taking the store's transaction, the request and
 /// the downstream's outcome. Any callable that also takes the key after the transaction works.
@@ -139,11 +119,13 @@ class Gate {
         apply_(std::move(business_write)),
         options_(options),
         observer_(observer),
-        cache_(options.cache_capacity) {
+        cache_(options.cache_capacity),
+        heartbeat_(store, options.lease, options.heartbeat) {
     detail::require_in_range("GateOptions::lease", options.lease, std::chrono::milliseconds(1),
                              std::chrono::days(365),
-                             "Set it a bit above the longest plausible processing time (default "
-                             "2 minutes).");
+                             "The heartbeat renews it every third while a call runs (default "
+                             "10 seconds); without a heartbeat, set it above the longest "
+                             "plausible processing time.");
     detail::require_in_range("GateOptions::max_request_bytes", options.max_request_bytes,
                              std::size_t{1}, std::size_t{64} << 20,
                              "Every request is stored with its reservation (default 1 MiB); keep "
@@ -168,10 +150,18 @@ class Gate {
    * Throws `RequestError` for an unusable request (nothing written), `StoreError` when the store
    * fails (do not ack: a redelivery or the reconciler finishes the event), and whatever the
    * business write throws (its transaction is rolled back; the row stays in flight).
+   *
+   * While the downstream is called and the outcome committed, the gate's heartbeat keeps the
+   * lease alive. When it lost the lease meanwhile (a renewal found the fence gone, or renewals
+   * failed for longer than the lease) and the fenced commit was refused, the answer is `retry`
+   * (do not ack), never `processed`: the redelivery is answered from the log. After `stop()`
+   * began, `process` reserves nothing and answers `retry` at once (do not ack: another consumer
+   * takes the message); `stopping()` tells it apart.
    */
   result_type process(const Key& key, const request_type& request) {
     const auto started = std::chrono::steady_clock::now();
-    result_type result = process_once(key, request);
+    Call call(*this);
+    result_type result = call.admitted() ? process_once(key, request) : stopped_result();
     observer_.on_result(key, result.status(), std::chrono::steady_clock::now() - started);
     return result;
   }
@@ -192,6 +182,15 @@ class Gate {
   BatchResult<outcome_type> process_batch(std::span<const BatchMessage<request_type>> messages) {
     const auto started = std::chrono::steady_clock::now();
     const std::size_t n = messages.size();
+    Call call(*this);
+    if (!call.admitted()) {
+      std::vector<BatchItem<outcome_type>> refused;
+      for (const BatchMessage<request_type>& m : messages) {
+        observer_.on_result(m.key, Status::retry, std::chrono::nanoseconds(0));
+        refused.push_back({m.message_id, stopped_result()});
+      }
+      return BatchResult<outcome_type>(std::move(refused));
+    }
     std::vector<BatchSlot> slots(n);
     std::unordered_map<Key, std::size_t, KeyHash> seen;
     std::vector<std::size_t> pending;  // first occurrences that need the store
@@ -233,6 +232,8 @@ class Gate {
         held.push_back({messages[pending[p]].key, reservations[p].fence});
     detail::LeaseKeeper<Store> keeper(store_, options_.lease);
     keeper.hold(held);
+    std::unordered_map<Key, LeaseTicket, KeyHash> tickets;
+    for (const HeldLease& h : held) tickets.try_emplace(h.key, heartbeat_, h.key, h.fence);
     try {
       std::vector<BatchCommit> commits;
       for (std::size_t p = 0; p < pending.size(); ++p) {
@@ -262,6 +263,11 @@ class Gate {
       }
       keeper.keep_alive();
       commit_all(messages, slots, commits, keeper);
+      for (auto& [key, ticket] : tickets) {
+        std::optional<result_type>& result = slots[seen.at(key)].result;
+        const std::string trouble = ticket.drop();
+        if (result) result = vouch(std::move(*result), trouble);
+      }
     } catch (...) {
       give_back(held);
       throw;
@@ -295,7 +301,7 @@ class Gate {
       if (store_.fail(key, fence, reason) == CommitStatus::lost_lease) return lost_lease_result();
       return result_type::because(Status::failed, std::move(reason));
     }
-    detail::release_with_reason(store_, key, fence, answer.reason());
+    release_lease(key, fence, answer.reason());
     return result_type::because(Status::retry, std::string(answer.reason()));
   }
 
@@ -389,6 +395,71 @@ class Gate {
     return codec<request_type>::decode(bytes);
   }
 
+  // --- Stopping. ---
+
+  /**
+   * Stops the gate for a graceful shutdown: from now on `process` and `process_batch` reserve
+   * nothing and answer `retry` (do not ack); the calls in progress get up to `grace` to finish;
+   * then the heartbeat stops and the leases of the calls still running are given back (fenced
+   * release), so a redelivery takes their events over at once instead of after the lease. A call
+   * still running keeps going: its fenced commit lands if nobody took the event over yet, and
+   * otherwise it answers `retry`. Safe to call from any thread, more than once; never from a
+   * signal handler (see `StopSignal` in <idemgate/shutdown.hpp>).
+   *
+   * Example:
+   *   idemgate::StopSignal sigterm;              // SIGTERM and SIGINT
+   *   std::thread consumer([&] { while (!sigterm.requested()) consume_one(gate); });
+   *   sigterm.wait();
+   *   auto report = idemgate::stop_gracefully(std::chrono::seconds(20), gate, reconciler);
+   */
+  StopReport stop(std::chrono::milliseconds grace) {
+    begin_stop();
+    StopReport report;
+    {
+      std::unique_lock lock(calls_mutex_);
+      report.running = running_at_stop_;
+      calls_idle_.wait_until(lock, detail::saturating_add(std::chrono::steady_clock::now(), grace),
+                             [this] { return active_calls_ == 0; });
+      report.unfinished = active_calls_;
+    }
+    for (const HeldLease& h : heartbeat_.stop()) {
+      try {
+        if (detail::release_with_reason(store_, h.key, h.fence,
+                                        "the consumer stopped before this attempt finished; the "
+                                        "redelivery takes the event over"))
+          ++report.given_back;
+      } catch (...) {
+        ++report.not_given_back;
+      }
+    }
+    return report;
+  }
+
+  /// The first half of `stop`: from now on `process` and `process_batch` reserve nothing and
+  /// answer `retry`; the calls in progress go on. Returns at once.
+  void begin_stop() {
+    std::lock_guard lock(calls_mutex_);
+    if (!stopping_) running_at_stop_ = active_calls_;
+    stopping_ = true;
+  }
+
+  /// True once `stop()` began: `process` answers `retry` without reserving anything.
+  [[nodiscard]] bool stopping() const {
+    std::lock_guard lock(calls_mutex_);
+    return stopping_;
+  }
+
+  /// Gives back a lease this caller holds (fenced), after making sure the heartbeat no longer
+  /// renews it. For the reconciler; applications call `process`.
+  bool release_lease(const Key& key, std::int64_t fence, std::string_view reason) {
+    heartbeat_.give_up(key, fence);
+    return detail::release_with_reason(store_, key, fence, reason);
+  }
+
+  /// The heartbeat that keeps this gate's leases alive. For the reconciler, which keeps the rows
+  /// of its pass alive with it; applications call `process`.
+  [[nodiscard]] detail::Heartbeat<Store>& heartbeat() noexcept { return heartbeat_; }
+
   /// The store.
   [[nodiscard]] Store& store() noexcept { return store_; }
   /// The downstream.
@@ -419,10 +490,79 @@ class Gate {
       return result_type::because(Status::escalated, no_key_support_reason())
           .set_took_over(took_over);
     } else {
+      LeaseTicket ticket(heartbeat_, key, reservation.fence);
+      if (!ticket) {
+        // The gate stopped between the admission and the reservation: hand the event on at once.
+        give_back_one(key, reservation.fence, "the consumer stopped before calling the downstream");
+        return stopped_result().set_took_over(took_over);
+      }
       result_type result = finish(key, reservation.fence, request, claim(key, request));
+      result = vouch(std::move(result), ticket.drop());
       if (result.status() == Status::processed) remember(key, fingerprint, result.outcome());
       return result.set_took_over(took_over);
     }
+  }
+
+  // One call in progress, counted so `stop` can wait for it; refused once the gate stops.
+  class Call {
+   public:
+    explicit Call(Gate& gate) : gate_(gate) {
+      std::lock_guard lock(gate_.calls_mutex_);
+      admitted_ = !gate_.stopping_;
+      if (admitted_) ++gate_.active_calls_;
+    }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+    ~Call() {
+      if (!admitted_) return;
+      std::lock_guard lock(gate_.calls_mutex_);
+      --gate_.active_calls_;
+      gate_.calls_idle_.notify_all();
+    }
+    [[nodiscard]] bool admitted() const noexcept { return admitted_; }
+
+   private:
+    Gate& gate_;
+    bool admitted_ = false;
+  };
+
+  // A lease the heartbeat keeps alive until dropped (at the latest when this goes away).
+  class LeaseTicket {
+   public:
+    LeaseTicket(detail::Heartbeat<Store>& heartbeat, const Key& key, std::int64_t fence)
+        : heartbeat_(heartbeat), ticket_(heartbeat.hold(key, fence)) {}
+    LeaseTicket(const LeaseTicket&) = delete;
+    LeaseTicket& operator=(const LeaseTicket&) = delete;
+    ~LeaseTicket() { (void)drop(); }
+    // False when the heartbeat refused it: the gate is stopping.
+    explicit operator bool() const noexcept { return ticket_ != 0; }
+    // Stops renewing; why the lease may have been lost meanwhile, or empty.
+    std::string drop() {
+      return ticket_ == 0 ? std::string() : heartbeat_.drop(std::exchange(ticket_, 0));
+    }
+
+   private:
+    detail::Heartbeat<Store>& heartbeat_;
+    std::uint64_t ticket_;
+  };
+
+  // A worker whose heartbeat lost its lease does not ack an event its commit could not settle:
+  // `lost_lease` becomes `retry`, and the redelivery is answered from the log.
+  static result_type vouch(result_type result, const std::string& trouble) {
+    if (trouble.empty() || result.status() != Status::lost_lease) return result;
+    return result_type::because(
+               Status::retry,
+               "this worker lost its lease while it worked (" + trouble +
+                   "); its commit was refused. Do not ack: the redelivery is answered from the "
+                   "log, where another attempt holds or finished the event")
+        .set_took_over(result.took_over());
+  }
+
+  static result_type stopped_result() {
+    return result_type::because(
+        Status::retry,
+        "the gate is stopping: nothing was reserved. Do not ack: another consumer takes the "
+        "message");
   }
 
   struct CachedOutcome {
@@ -573,7 +713,7 @@ class Gate {
   // store is down, the lease runs out by itself and the reconciler takes over.
   void give_back_one(const Key& key, std::int64_t fence, const std::string& reason) noexcept {
     try {
-      detail::release_with_reason(store_, key, fence, reason);
+      release_lease(key, fence, reason);
     } catch (...) {
     }
   }
@@ -647,6 +787,13 @@ class Gate {
   GateOptions options_;
   Observer& observer_;
   detail::LruCache<Key, CachedOutcome, KeyHash> cache_;
+  mutable std::mutex calls_mutex_;  // guards stopping_ and active_calls_
+  std::condition_variable calls_idle_;
+  bool stopping_ = false;
+  std::size_t active_calls_ = 0;
+  std::size_t running_at_stop_ = 0;
+  // Last: its thread stops first when the gate goes away.
+  detail::Heartbeat<Store> heartbeat_;
 };
 
 /// Deduces a gate without an observer.

@@ -22,7 +22,9 @@ enum class Status {
                ///< and dead-letter it; never treated as a duplicate.
   failed,      ///< The downstream rejected the event for good; stored, so duplicates get the
                ///< same answer. Ack.
-  retry,       ///< Transient failure; the reservation was released. Do not ack: redeliver.
+  retry,       ///< Transient failure (the reservation was released), a lease this worker's
+               ///< heartbeat lost before its commit was refused, or a gate that is stopping
+               ///< (nothing reserved). Do not ack: redeliver.
   escalated,   ///< Parked for a human (the downstream cannot take keys). Ack.
   lost_lease,  ///< This worker's lease was taken over; its commit was rolled back. Ack: the
                ///< new owner finishes the event.

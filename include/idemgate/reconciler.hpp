@@ -8,8 +8,10 @@
 #include "gate.hpp"
 #include "outcome.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -22,11 +24,18 @@ namespace idemgate {
 /// Tuning of a `Reconciler`. Its constructor refuses values outside the ranges below with
 /// `std::invalid_argument`.
 struct ReconcilerOptions {
-  /// Time between passes of the background loop: from 1 ms to a day.
-  std::chrono::milliseconds interval = std::chrono::minutes(1);
+  /// Time between passes of the background loop: from 1 ms to a day. With the defaults, a crashed
+  /// worker's event is finished at worst about `max(GateOptions::lease, stale_after) + interval`
+  /// after its last lease renewal (docs/design.md, "Timing").
+  std::chrono::milliseconds interval = std::chrono::seconds(2);
   /// An in-flight row is stranded when its lease has expired and it has not changed for this
-  /// long: from 0 (as soon as its lease expired) to a year.
-  std::chrono::milliseconds stale_after = std::chrono::minutes(2);
+  /// long: from 0 (as soon as its lease expired) to a year. Only an expired lease makes a row
+  /// stranded, and a live worker's heartbeat never lets its lease expire, so no value takes over
+  /// a live worker; what it decides is how long a lease given back after a transient failure (or
+  /// by a stopping consumer) is left to the redelivery before the reconciler steps in. The
+  /// default equals `GateOptions::lease`'s: never above the lease, it adds nothing to the
+  /// recovery of a crashed worker.
+  std::chrono::milliseconds stale_after = std::chrono::seconds(10);
   /// Most rows taken over in one pass: from 1 to `max_batch`.
   std::size_t batch = 100;
   /// Attempts an event may take (its first reservation, redeliveries after an expired lease and
@@ -82,7 +91,7 @@ struct ReconcileReport {
  *
  * Example:
  *   idemgate::Reconciler reconciler{gate};
- *   reconciler.start();  // a pass every minute until stop() or destruction
+ *   reconciler.start();  // a pass every 2 seconds until stop() or destruction
  */
 template <store Store, downstream Downstream, class Apply, class Observer = NullObserver>
 class Reconciler {
@@ -97,11 +106,11 @@ class Reconciler {
     using std::chrono::milliseconds;
     detail::require_in_range("ReconcilerOptions::interval", options_.interval, milliseconds(1),
                              ReconcilerOptions::max_interval,
-                             "It is the pause between passes (default 1 minute).");
+                             "It is the pause between passes (default 2 seconds).");
     detail::require_in_range("ReconcilerOptions::stale_after", options_.stale_after,
                              milliseconds(0), ReconcilerOptions::max_stale_after,
-                             "0 takes a row over as soon as its lease expired (default 2 "
-                             "minutes).");
+                             "0 takes a row over as soon as its lease expired (default 10 "
+                             "seconds, the default lease).");
     detail::require_in_range("ReconcilerOptions::batch", options_.batch, std::size_t{1},
                              ReconcilerOptions::max_batch,
                              "It is the most rows taken over per pass (default 100).");
@@ -127,9 +136,30 @@ class Reconciler {
     held.reserve(stranded.size());
     for (const Stranded& row : stranded) held.push_back({row.key, row.fence});
     detail::LeaseKeeper<Store> keeper(gate_.store(), gate_.options().lease);
-    keeper.hold(std::move(held));
-    for (const Stranded& row : stranded) {
+    keeper.hold(held);
+    // The gate's heartbeat also keeps each row alive while its downstream is asked, however long
+    // that takes.
+    std::vector<std::uint64_t> tickets;
+    tickets.reserve(held.size());
+    for (const HeldLease& h : held) tickets.push_back(gate_.heartbeat().hold(h.key, h.fence));
+    struct Untickets {
+      detail::Heartbeat<Store>& heartbeat;
+      std::vector<std::uint64_t>& tickets;
+      ~Untickets() {
+        for (std::uint64_t t : tickets)
+          if (t != 0) (void)heartbeat.drop(t);
+      }
+    } untickets{gate_.heartbeat(), tickets};
+    for (std::size_t i = 0; i < stranded.size(); ++i) {
+      const Stranded& row = stranded[i];
       try {
+        if (stopping_.load()) {
+          // Stopping: the rows not reached yet go back at once, for the next pass elsewhere.
+          gate_.release_lease(row.key, row.fence,
+                              "the reconciler stopped before finishing this row");
+          ++report.deferred;
+          continue;
+        }
         keeper.keep_alive();
         keeper.drop(row.key);  // from here on, finishing it decides (and may give it back)
         finish(row, report);
@@ -138,12 +168,14 @@ class Reconciler {
         ++report.errors;
         if (report.first_error.empty()) report.first_error = e.what();
       }
+      if (tickets[i] != 0) (void)gate_.heartbeat().drop(std::exchange(tickets[i], 0));
     }
     return report;
   }
 
   /// Starts the background loop: a pass now, then one every `interval`, until `stop()`.
   void start() {
+    stopping_.store(false);
     worker_.start(options_.interval, [this] {
       ReconcileReport report;
       try {
@@ -158,8 +190,13 @@ class Reconciler {
     });
   }
 
-  /// Stops the background loop and waits for the current pass to end.
-  void stop() { worker_.stop(); }
+  /// Stops the background loop: the current pass finishes the row in progress, gives the rows it
+  /// has not reached back (their leases end at once) and ends; waits for it.
+  void stop() {
+    stopping_.store(true);
+    worker_.stop();
+    stopping_.store(false);  // a `run_once` called afterwards is a whole pass again
+  }
 
   /// The report of the background loop's latest pass.
   [[nodiscard]] ReconcileReport last_report() const {
@@ -238,7 +275,7 @@ class Reconciler {
   // Ends this pass's lease at once, keeping why: a later pass takes the row again (counting an
   // attempt) after `stale_after`, and shows the reason if it gives up.
   void defer(const Stranded& row, const std::string& reason, ReconcileReport& report) {
-    detail::release_with_reason(gate_.store(), row.key, row.fence, reason);
+    gate_.release_lease(row.key, row.fence, reason);
     ++report.deferred;
   }
 
@@ -273,6 +310,7 @@ class Reconciler {
 
   gate_type& gate_;
   ReconcilerOptions options_;
+  std::atomic<bool> stopping_{false};
   mutable std::mutex report_mutex_;
   ReconcileReport last_;
   detail::PeriodicWorker worker_;

@@ -351,7 +351,8 @@ TEST_F(PostgresGate, ConnectionKilledWithoutRetryLeavesRowInFlightUntilTheNextDe
 TEST_F(PostgresGate, StaleWorkerCannotCommitAfterTakeover) {
   auto store = make_store(2);
   FakeTerminal<> terminal;
-  Gate gate{*store, terminal, booking_writer(), {.lease = 200ms}};
+  // A stalled process: its heartbeat stalls with it, so its lease is not renewed.
+  Gate gate{*store, terminal, booking_writer(), {.lease = 200ms, .heartbeat = false}};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-stale", msku.container);
   bool stalled = false;
   terminal.before = [&](const SlotRequest& r,

@@ -68,6 +68,9 @@ class ChildProcess {
     pid_ = -1;
   }
 
+  /// Sends `signal` to the child (SIGTERM, as a deployment stops a consumer).
+  void send(int signal) { kill(pid_, signal); }
+
   /// Waits for the child to exit; its exit code, or -1 if it died by a signal.
   int wait() {
     int status = 0;
