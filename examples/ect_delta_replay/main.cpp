@@ -86,7 +86,8 @@ std::string json_counts(const replay::Counts& c) {
          ",\"bookings\":" + std::to_string(c.bookings) +
          ",\"ghost_slots\":" + std::to_string(c.ghost_slots) +
          ",\"duplicates_blocked\":" + std::to_string(c.duplicates_blocked) +
-         ",\"reconciled\":" + std::to_string(c.reconciled) + '}';
+         ",\"reconciled\":" + std::to_string(c.reconciled) + ",\"cancellation_cost_eur\":" +
+         std::to_string(replay::cancellation_cost_eur(c.ghost_slots)) + '}';
 }
 
 void print_table(const replay::Counts& naive, const replay::Counts& gated) {
@@ -104,9 +105,9 @@ void print_table(const replay::Counts& naive, const replay::Counts& gated) {
   row("duplicates blocked", naive.duplicates_blocked, gated.duplicates_blocked);
   row("reconciled after a crash", naive.reconciled, gated.reconciled);
   if (gated.escalated > 0) row("escalated to the manual queue", naive.escalated, gated.escalated);
-  std::printf("  %-34s %14.0f %14.0f\n", "cost of ghost slots (EUR, ~60 each)",
-              static_cast<double>(naive.ghost_slots) * replay::euro_per_ghost_slot,
-              static_cast<double>(gated.ghost_slots) * replay::euro_per_ghost_slot);
+  std::printf("  %-34s %14ld %14ld\n", "cost of cancelling ghosts (EUR)",
+              replay::cancellation_cost_eur(naive.ghost_slots),
+              replay::cancellation_cost_eur(gated.ghost_slots));
   std::printf("\n");
 }
 
