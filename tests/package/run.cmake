@@ -26,6 +26,17 @@ endfunction()
 step(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${build} -G ${GENERATOR} -DIDEMGATE_BUILD_TESTS=OFF
   -DIDEMGATE_BUILD_BENCH=OFF -DIDEMGATE_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX=${prefix})
 step(${CMAKE_COMMAND} --install ${build})
+# The schema and the alerting rules are installed as they are in docs/.
+foreach(shipped schema.sql alerts.yml)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${SOURCE_DIR}/docs/${shipped}
+    ${prefix}/share/idemgate/${shipped} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the install does not hold docs/${shipped} as share/idemgate/${shipped}")
+  endif()
+endforeach()
+if(NOT EXISTS ${prefix}/share/doc/idemgate/guide.md)
+  message(FATAL_ERROR "the install does not hold the guide as share/doc/idemgate/guide.md")
+endif()
 step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package -B ${consumer} -G ${GENERATOR}
   -DCMAKE_PREFIX_PATH=${prefix})
 step(${CMAKE_COMMAND} --build ${consumer} -j2)

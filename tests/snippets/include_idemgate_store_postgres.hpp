@@ -1,0 +1,8 @@
+// The examples of store/postgres.hpp: inside a business write, and setting a store up.
+#include <idemgate/store/postgres.hpp>
+
+#include <string>
+
+void example(pqxx::work& tx, const std::string& container, const std::string& slot) {
+  { @SNIPPET @ }
+}
