@@ -20,5 +20,7 @@ void fragment(ect_delta::Notification n, Message message, SlotRequest request,
   idemgate::Gate gate{store, terminal, book};
   idemgate::Reconciler reconciler{gate};
   const idemgate::Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU7000037");
-  { @SNIPPET @ }
+  {
+    // @snippet: the example goes here
+  }
 }

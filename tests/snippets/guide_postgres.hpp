@@ -3,4 +3,4 @@
 
 #include <string>
 
-@SNIPPET @
+// @snippet: the example goes here

@@ -4,4 +4,4 @@
 #include <stdexcept>
 #include <string>
 
-@SNIPPET @
+// @snippet: the example goes here

@@ -4,4 +4,4 @@
 #include <string>
 #include <string_view>
 
-@SNIPPET @
+// @snippet: the example goes here

@@ -11,5 +11,5 @@ void example() {
   idemgate::MemoryStore store;
   auto book_in_tms = [](idemgate::MemoryStore::transaction& tx, const std::string& container,
                         const std::string& slot) { tx.on_commit([] {}); };
-  @SNIPPET @
+  // @snippet: the example goes here
 }

@@ -9,5 +9,5 @@ void book(pqxx::work& tx, const SlotRequest& r, const std::string& slot);
 
 void example(idemgate::PostgresStore& store, ect_delta::Notification n, Message message) {
   Terminal terminal;
-  @SNIPPET @
+  // @snippet: the example goes here
 }

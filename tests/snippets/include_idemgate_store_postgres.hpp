@@ -4,5 +4,7 @@
 #include <string>
 
 void example(pqxx::work& tx, const std::string& container, const std::string& slot) {
-  { @SNIPPET @ }
+  {
+    // @snippet: the example goes here
+  }
 }

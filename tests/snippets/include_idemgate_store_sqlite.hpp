@@ -9,5 +9,7 @@ using namespace std::chrono_literals;
 void example(idemgate::SqliteTransaction& tx, idemgate::SqliteStore& store,
              const std::string& account, const std::string& id, const std::string& container,
              const std::string& today) {
-  { @SNIPPET @ }
+  {
+    // @snippet: the example goes here
+  }
 }

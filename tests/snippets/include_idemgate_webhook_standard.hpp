@@ -5,6 +5,8 @@ using namespace snippet;
 
 Response handler(const Request& request, const idemgate::StandardWebhookVerifier& verifier,
                  const std::string& secret, const Event& event) {
-  { @SNIPPET @ }
+  {
+    // @snippet: the example goes here
+  }
   return respond(200, "ok");
 }

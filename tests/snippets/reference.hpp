@@ -5,4 +5,4 @@
 #include <string>
 #include <string_view>
 
-@SNIPPET @
+// @snippet: the example goes here

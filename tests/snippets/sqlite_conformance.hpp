@@ -23,4 +23,4 @@ struct SqliteTraits {
   std::unique_ptr<Store> store;
 };
 
-@SNIPPET @
+// @snippet: the example goes here

@@ -14,4 +14,4 @@ using namespace idemgate;
 /// The transaction your store hands to the business write.
 struct YourTransaction {};
 
-@SNIPPET @
+// @snippet: the example goes here
