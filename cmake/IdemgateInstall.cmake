@@ -63,3 +63,12 @@ install(FILES
   cmake/IdemgateDependencies.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idemgate)
 install(FILES LICENSE README.md DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/idemgate)
+
+# What operators use beside the headers: the PostgreSQL schema (to apply by hand or review) and
+# the Prometheus alerting rules, in share/idemgate; the guides in share/doc/idemgate; and the
+# API reference there too when `cmake --build <dir> --target docs` ran before installing.
+install(FILES docs/schema.sql docs/alerts.yml DESTINATION ${CMAKE_INSTALL_DATADIR}/idemgate)
+install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR} FILES_MATCHING PATTERN "*.md"
+  PATTERN "model" EXCLUDE)
+install(DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/docs/html DESTINATION ${CMAKE_INSTALL_DOCDIR}
+  OPTIONAL)

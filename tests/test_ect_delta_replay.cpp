@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 #include <common/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,14 +46,21 @@ long field(const std::string& out, const std::string& run, const std::string& na
   return -1;
 }
 
+/// The story's Monday: 87 deliveries (two of them redeliveries after a crash between the slot
+/// claim and the TMS write) of notifications about 39 containers, and 87 slot appointments.
 void expect_monday(const std::string& json) {
   EXPECT_EQ(field(json, "naive", "containers"), 39);
-  EXPECT_GT(field(json, "naive", "ghost_slots"), 0) << "the naive handler books ghosts";
-  EXPECT_GT(field(json, "naive", "slots_claimed"), 39);
+  EXPECT_EQ(field(json, "naive", "deliveries"), 87) << "as many as that Monday, crashes included";
+  EXPECT_EQ(field(json, "naive", "slots_claimed"), 87) << "one new slot per delivery";
+  EXPECT_EQ(field(json, "naive", "bookings"), 85) << "the two crashed deliveries wrote nothing";
+  EXPECT_EQ(field(json, "naive", "ghost_slots"), 87 - 39);
+  // The story's fee: EUR 4,250 for the 71 appointments cancelled that Monday.
+  EXPECT_EQ(field(json, "naive", "cancellation_cost_eur"), std::lround((87 - 39) * 4250.0 / 71.0));
   EXPECT_EQ(field(json, "gated", "deliveries"), field(json, "naive", "deliveries"));
   EXPECT_EQ(field(json, "gated", "slots_claimed"), 39);
   EXPECT_EQ(field(json, "gated", "bookings"), 39);
   EXPECT_EQ(field(json, "gated", "ghost_slots"), 0);
+  EXPECT_EQ(field(json, "gated", "cancellation_cost_eur"), 0);
   EXPECT_EQ(field(json, "gated", "reconciled"), 2) << "the two crashes are reconciled";
   EXPECT_EQ(field(json, "gated", "duplicates_blocked"), field(json, "gated", "deliveries") - 39);
 }
@@ -75,9 +84,27 @@ TEST(EctDeltaReplay, GatedRunOnPostgresEndsOneSlotAndOneBookingPerContainer) {
 TEST(EctDeltaReplay, PrintsTheSideBySideTable) {
   const Replayed run = replay({});
   EXPECT_EQ(run.status, 0);
-  for (const char* row : {"slots claimed at the terminal", "TMS bookings", "ghost slots",
-                          "duplicates blocked", "reconciled after a crash", "cost of ghost slots"})
+  for (const char* row :
+       {"slots claimed at the terminal", "TMS bookings", "ghost slots", "duplicates blocked",
+        "reconciled after a crash", "cost of cancelling ghosts"})
     EXPECT_NE(run.out.find(row), std::string::npos) << row << "\n" << run.out;
+}
+
+TEST(EctDeltaReplay, ReadmeShowsTheTableTheReplayPrints) {
+  const Replayed run = replay({});
+  ASSERT_EQ(run.status, 0);
+  std::ifstream file(IDEMGATE_SOURCE_DIR "/README.md");
+  const std::string readme((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+  ASSERT_FALSE(readme.empty());
+  // The table as printed, without the blank lines around it.
+  const auto first = run.out.find_first_not_of('\n');
+  const auto last = run.out.find_last_not_of('\n');
+  ASSERT_NE(first, std::string::npos);
+  const std::string table = run.out.substr(first, last - first + 1);
+  EXPECT_NE(readme.find("```\n" + table + "\n```"), std::string::npos)
+      << "README.md does not show the table scripts/demo prints; it prints:\n"
+      << table;
 }
 
 TEST(EctDeltaReplay, SeedChangesTheDeliveryOrderNotTheOutcome) {

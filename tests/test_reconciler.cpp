@@ -296,6 +296,38 @@ TEST_F(ReconcilerTest, BackgroundLoopFinishesStrandedRowsUntilStopped) {
   reconciler.stop();  // stopping twice is harmless
 }
 
+TEST_F(ReconcilerTest, TotalReportKeepsWhatEveryPassDidAfterAnIdlePass) {
+  auto gate = gate_over(terminal);
+  for (int i = 0; i < 3; ++i) {
+    const SlotRequest r{"C" + std::to_string(i), "w"};
+    strand(gate, idemgate::derive_key("s", r.container), r);
+  }
+  clock.advance(31s);
+  Reconciler reconciler{gate, fast};
+  reconciler.start();
+  // Wait for the pass that finished the rows to be reported, then for a later pass that found
+  // nothing (one pass takes all three: the batch is 100).
+  for (int i = 0;
+       i < 500 && (reconciler.total_report().taken < 3 || reconciler.last_report().taken != 0); ++i)
+    std::this_thread::sleep_for(10ms);
+  reconciler.stop();
+  ASSERT_EQ(bookings.size(), 3u);
+  EXPECT_EQ(reconciler.last_report().taken, 0u) << "the latest pass was idle";
+  EXPECT_EQ(reconciler.last_report().reclaimed, 0u);
+  auto total = reconciler.total_report();
+  EXPECT_EQ(total.taken, 3u) << "the idle pass did not wipe out what earlier passes did";
+  EXPECT_EQ(total.reclaimed, 3u);
+  EXPECT_EQ(total.errors, 0u);
+
+  // run_once() adds to the same total.
+  strand(gate, key, msku);
+  clock.advance(31s);
+  EXPECT_EQ(reconciler.run_once().reclaimed, 1u);
+  total = reconciler.total_report();
+  EXPECT_EQ(total.taken, 4u);
+  EXPECT_EQ(total.reclaimed, 4u);
+}
+
 TEST_F(ReconcilerTest, EscalatedEventsAreListedAndResolvedWithTheBusinessWrite) {
   FakeTerminal<false> keyless;
   auto gate = gate_over(keyless);

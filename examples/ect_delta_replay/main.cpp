@@ -82,10 +82,14 @@ Arguments parse(int argc, char** argv) {
 }
 
 example::json::Json json_counts(const replay::Counts& c) {
-  return {{"deliveries", c.deliveries},       {"containers", c.containers},
-          {"slots_claimed", c.slots_claimed}, {"bookings", c.bookings},
-          {"ghost_slots", c.ghost_slots},     {"duplicates_blocked", c.duplicates_blocked},
-          {"reconciled", c.reconciled}};
+  return {{"deliveries", c.deliveries},
+          {"containers", c.containers},
+          {"slots_claimed", c.slots_claimed},
+          {"bookings", c.bookings},
+          {"ghost_slots", c.ghost_slots},
+          {"duplicates_blocked", c.duplicates_blocked},
+          {"reconciled", c.reconciled},
+          {"cancellation_cost_eur", replay::cancellation_cost_eur(c.ghost_slots)}};
 }
 
 void print_table(const replay::Counts& naive, const replay::Counts& gated) {
@@ -103,9 +107,9 @@ void print_table(const replay::Counts& naive, const replay::Counts& gated) {
   row("duplicates blocked", naive.duplicates_blocked, gated.duplicates_blocked);
   row("reconciled after a crash", naive.reconciled, gated.reconciled);
   if (gated.escalated > 0) row("escalated to the manual queue", naive.escalated, gated.escalated);
-  std::printf("  %-34s %14.0f %14.0f\n", "cost of ghost slots (EUR, ~60 each)",
-              static_cast<double>(naive.ghost_slots) * replay::euro_per_ghost_slot,
-              static_cast<double>(gated.ghost_slots) * replay::euro_per_ghost_slot);
+  std::printf("  %-34s %14ld %14ld\n", "cost of cancelling ghosts (EUR)",
+              replay::cancellation_cost_eur(naive.ghost_slots),
+              replay::cancellation_cost_eur(gated.ghost_slots));
   std::printf("\n");
 }
 

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <deque>
 #include <exception>
@@ -27,6 +28,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace replay {
@@ -53,8 +55,16 @@ struct Counts {
   std::size_t dead_lettered = 0;
 };
 
-/// The story's cost of a ghost slot: EUR 4,250 of cancellation fees for 71 ghosts.
-inline constexpr double euro_per_ghost_slot = 4250.0 / 71.0;
+/// The story's cancellation fee per slot: that Monday the team cancelled 71 of the 87
+/// appointments and paid the terminal EUR 4,250 in fees for them (about EUR 60 each). The
+/// rest of the day's EUR 6,800 was the 16 appointments it could not cancel in time and three
+/// missed reefer pick-ups, which no per-slot price captures.
+inline constexpr double euro_per_cancelled_slot = 4250.0 / 71.0;
+
+/// What cancelling `ghost_slots` costs at the story's fee, rounded to whole euros.
+inline long cancellation_cost_eur(std::size_t ghost_slots) {
+  return std::lround(static_cast<double>(ghost_slots) * euro_per_cancelled_slot);
+}
 
 /// How a run is set up.
 struct Setup {
@@ -299,9 +309,11 @@ Counts run_gated(const Setup& setup, const std::string& terminal_url, Store& sto
   return counts;
 }
 
-/// The story's setup: the Monday's 87 deliveries shuffled by `seed`, and two crashes between
-/// claim and write, on the first two notifications that are delivered only once (the crash is
-/// what makes the queue deliver them again).
+/// The story's setup: the Monday's 87 deliveries shuffled by `seed`, two of them redeliveries
+/// after a crash between claim and write. The two notifications the queue delivers exactly twice
+/// crash on their first delivery; the crash is what brings each back, so their second copy is
+/// not in the list: the queue redelivers it. 85 listed deliveries plus 2 redeliveries make the
+/// Monday's 87, and the naive handler claims 87 slots for 39 containers, as it did that day.
 inline Setup monday(unsigned seed) {
   Setup setup;
   setup.deliveries = ect_delta::monday_deliveries(seed);
@@ -310,9 +322,20 @@ inline Setup monday(unsigned seed) {
   std::set<std::string> crashed;
   for (std::size_t i = 0; i < setup.deliveries.size() && crashed.size() < 2; ++i) {
     const auto& id = setup.deliveries[i].notification_id;
-    if (copies[id] == 1 && !crashed.count(id) && crashed.insert(id).second)
-      setup.crash_at.insert(i);
+    if (copies[id] == 2 && crashed.insert(id).second) setup.crash_at.insert(i);
   }
+  // Remove the second copy of each crashed notification (always after the crash position).
+  std::set<std::string> seen;
+  std::vector<ect_delta::Notification> kept;
+  std::set<std::size_t> crash_at;
+  for (std::size_t i = 0; i < setup.deliveries.size(); ++i) {
+    const auto& n = setup.deliveries[i];
+    if (crashed.count(n.notification_id) && !seen.insert(n.notification_id).second) continue;
+    if (setup.crash_at.count(i)) crash_at.insert(kept.size());
+    kept.push_back(n);
+  }
+  setup.deliveries = std::move(kept);
+  setup.crash_at = std::move(crash_at);
   return setup;
 }
 

@@ -22,9 +22,19 @@ namespace idemgate {
  * redelivery is a duplicate or a conflict.
  *
  * Example:
- *   template <> struct idemgate::codec<SlotRequest> {
- *     static void encode(const SlotRequest& r, std::string& out) { out = r.container + '\n' +
- * r.window; } static SlotRequest decode(std::string_view in);
+ *   struct SlotRequest {
+ *     std::string container, window;
+ *   };
+ *   template <>
+ *   struct idemgate::codec<SlotRequest> {
+ *     static void encode(const SlotRequest& r, std::string& out) {
+ *       out = r.container + '\n' + r.window;  // one value, one encoding
+ *     }
+ *     static SlotRequest decode(std::string_view in) {
+ *       const auto split = in.find('\n');
+ *       if (split == std::string_view::npos) throw idemgate::CodecError("no newline");
+ *       return {std::string(in.substr(0, split)), std::string(in.substr(split + 1))};
+ *     }
  *   };
  */
 template <class T>

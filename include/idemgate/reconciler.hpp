@@ -124,8 +124,69 @@ class Reconciler {
   Reconciler& operator=(const Reconciler&) = delete;
   ~Reconciler() { stop(); }
 
-  /// One pass: takes over at most `batch` stranded rows and finishes each.
+  /// One pass: takes over at most `batch` stranded rows and finishes each. Its report is added
+  /// to `total_report()`.
   ReconcileReport run_once() {
+    ReconcileReport report = pass();
+    std::lock_guard lock(report_mutex_);
+    add(total_, report);
+    return report;
+  }
+
+  /// Starts the background loop: a pass now, then one every `interval`, until `stop()`.
+  void start() {
+    stopping_.store(false);
+    worker_.start(options_.interval, [this] {
+      ReconcileReport report;
+      try {
+        report = pass();
+      } catch (const std::exception& e) {
+        // The store is unreachable: try again next interval.
+        ++report.errors;
+        report.first_error = e.what();
+      }
+      std::lock_guard lock(report_mutex_);
+      last_ = report;
+      add(total_, report);
+    });
+  }
+
+  /// Stops the background loop: the current pass finishes the row in progress, gives the rows it
+  /// has not reached back (their leases end at once) and ends; waits for it.
+  void stop() {
+    stopping_.store(true);
+    worker_.stop();
+    stopping_.store(false);  // a `run_once` called afterwards is a whole pass again
+  }
+
+  /// The report of the background loop's latest pass (zeros after a pass that found nothing).
+  [[nodiscard]] ReconcileReport last_report() const {
+    std::lock_guard lock(report_mutex_);
+    return last_;
+  }
+
+  /// Every pass since construction added up, the background loop's and `run_once()`'s alike;
+  /// `first_error` is the first error of them all. An idle pass leaves it as it was.
+  [[nodiscard]] ReconcileReport total_report() const {
+    std::lock_guard lock(report_mutex_);
+    return total_;
+  }
+
+ private:
+  static void add(ReconcileReport& total, const ReconcileReport& pass) {
+    total.taken += pass.taken;
+    total.found += pass.found;
+    total.reclaimed += pass.reclaimed;
+    total.failed += pass.failed;
+    total.escalated += pass.escalated;
+    total.deferred += pass.deferred;
+    total.lost += pass.lost;
+    total.errors += pass.errors;
+    total.given_up += pass.given_up;
+    if (total.first_error.empty()) total.first_error = pass.first_error;
+  }
+
+  ReconcileReport pass() {
     ReconcileReport report;
     const auto stranded =
         gate_.store().take_stale(options_.batch, options_.stale_after, gate_.options().lease);
@@ -173,38 +234,6 @@ class Reconciler {
     return report;
   }
 
-  /// Starts the background loop: a pass now, then one every `interval`, until `stop()`.
-  void start() {
-    stopping_.store(false);
-    worker_.start(options_.interval, [this] {
-      ReconcileReport report;
-      try {
-        report = run_once();
-      } catch (const std::exception& e) {
-        // The store is unreachable: try again next interval.
-        ++report.errors;
-        report.first_error = e.what();
-      }
-      std::lock_guard lock(report_mutex_);
-      last_ = report;
-    });
-  }
-
-  /// Stops the background loop: the current pass finishes the row in progress, gives the rows it
-  /// has not reached back (their leases end at once) and ends; waits for it.
-  void stop() {
-    stopping_.store(true);
-    worker_.stop();
-    stopping_.store(false);  // a `run_once` called afterwards is a whole pass again
-  }
-
-  /// The report of the background loop's latest pass.
-  [[nodiscard]] ReconcileReport last_report() const {
-    std::lock_guard lock(report_mutex_);
-    return last_;
-  }
-
- private:
   void finish(const Stranded& row, ReconcileReport& report) {
     if (row.attempts > static_cast<std::int64_t>(options_.max_attempts)) {
       std::string reason = "gave up after " + std::to_string(row.attempts - 1) +
@@ -313,6 +342,7 @@ class Reconciler {
   std::atomic<bool> stopping_{false};
   mutable std::mutex report_mutex_;
   ReconcileReport last_;
+  ReconcileReport total_;
   detail::PeriodicWorker worker_;
 };
 

@@ -57,6 +57,17 @@ if(MODE STREQUAL "install")
     -DIDEMGATE_BUILD_TESTS=OFF -DIDEMGATE_BUILD_BENCH=OFF -DIDEMGATE_BUILD_EXAMPLES=OFF
     -DCMAKE_INSTALL_PREFIX=${prefix})
   step(${CMAKE_COMMAND} --install ${work})
+  # The schema and the alerting rules are installed as they are in docs/, beside the guide.
+  foreach(shipped schema.sql alerts.yml)
+    execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${SOURCE_DIR}/docs/${shipped}
+      ${prefix}/share/idemgate/${shipped} RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "the install does not hold docs/${shipped} as share/idemgate/${shipped}")
+    endif()
+  endforeach()
+  if(NOT EXISTS ${prefix}/share/doc/idemgate/guide.md)
+    message(FATAL_ERROR "the install does not hold the guide as share/doc/idemgate/guide.md")
+  endif()
   message(STATUS "idemgate installed into ${prefix}")
 
 elseif(MODE STREQUAL "package")

@@ -239,18 +239,19 @@ struct BaseUrl {
  * Thread safety: one `HttpDownstream` may be shared by all of a gate's worker threads, provided
  * the mapping's const members are thread-safe. Copies share their connections.
  *
- * Example:
- *   struct SlotApi {
- *     using request_type = SlotRequest;
+ * Example (docs/http-downstream.md has the whole of it):
+ *   struct SlotApi {  // a request becomes a call, a 2xx body an outcome
+ *     using request_type = std::string;  // the container
  *     using outcome_type = std::string;  // the slot id
- *     idemgate::HttpCall claim_call(const SlotRequest& r) const {
- *       return {"POST", "/slots", to_json(r)};
+ *     idemgate::HttpCall claim_call(const std::string& container) const {
+ *       return {"POST", "/slots", "{\"container\":\"" + container + "\"}"};
  *     }
  *     idemgate::HttpCall lookup_call(const idemgate::Key& key) const {
  *       return {"GET", "/slots?idempotency_key=" + key.hex()};
  *     }
  *     std::optional<std::string> parse_outcome(std::string_view body) const {
- *       return json_string_field(body, "slot");
+ *       if (body.empty()) return std::nullopt;  // not an outcome: transient
+ *       return std::string(body);               // this terminal answers the bare slot id
  *     }
  *   };
  *   idemgate::HttpDownstream<SlotApi> terminal{"https://slots.ectdelta.example/v1"};

@@ -166,11 +166,11 @@ inline std::string ended_transaction(std::string_view sql, bool ran) {
  * `db()`, and do not call the store from inside the business write.
  *
  * Example:
- *   [](idemgate::SqliteTransaction& tx, const idemgate::Key& key, const SlotRequest& r,
- *      const std::string& slot) {
+ *   auto book = [](idemgate::SqliteTransaction& tx, const idemgate::Key& key,
+ *                  const SlotRequest& r, const std::string& slot) {
  *     tx.exec("INSERT INTO bookings (container, slot_id, source_event) VALUES (?, ?, ?)",
  *             r.container, slot, key);
- *   }
+ *   };
  */
 class SqliteTransaction {
  public:

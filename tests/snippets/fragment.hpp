@@ -1,0 +1,26 @@
+// A fragment of the documentation, compiled inside a function that has what fragments use: a
+// MemoryStore `store`, a `terminal`, a business write `book`, a `gate` and its `reconciler`, a
+// `key`, a Portbase notification `n`, a queue `message`, a slot `request` and two times. A
+// fragment may declare its own store or gate: it runs in a block of its own. Headers without a
+// prelude of their own use this one too.
+#include "context.hpp"
+
+#include <idemgate/store/sqlite.hpp>
+
+using namespace snippet;
+
+void fragment(ect_delta::Notification n, Message message, SlotRequest request,
+              std::chrono::system_clock::time_point expired_at,
+              std::chrono::system_clock::time_point fixed_at) {
+  idemgate::MemoryStore store;
+  Terminal terminal;
+  auto book = [](idemgate::MemoryStore::transaction& tx, const SlotRequest&, const std::string&) {
+    tx.on_commit([] {});
+  };
+  idemgate::Gate gate{store, terminal, book};
+  idemgate::Reconciler reconciler{gate};
+  const idemgate::Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU7000037");
+  {
+    // @snippet: the example goes here
+  }
+}

@@ -1,0 +1,7 @@
+// The example of codec.hpp: a codec specialised at namespace scope.
+#include <idemgate/codec.hpp>
+
+#include <string>
+#include <string_view>
+
+// @snippet: the example goes here

@@ -1,0 +1,10 @@
+// The examples of store/postgres.hpp: inside a business write, and setting a store up.
+#include <idemgate/store/postgres.hpp>
+
+#include <string>
+
+void example(pqxx::work& tx, const std::string& container, const std::string& slot) {
+  {
+    // @snippet: the example goes here
+  }
+}
