@@ -8,6 +8,9 @@
 //   postgres/duplicate       a redelivery of a committed event (one round trip)
 //   postgres/duplicate_cached the same with GateOptions::cache_capacity (no round trip)
 //   postgres/gate_4_workers  4 threads sharing one gate over a pool of 4 connections
+//   postgres/gate_16_workers 16 threads sharing one gate over a pool of 16 connections (many
+//                            deliveries at once: the database's group commit is what they share);
+//                            --worker-events / 4 events per thread, as many as 4 workers run
 //   postgres/reserve         the reservation alone, on --growth-table (reserve cost vs size)
 // Latencies are per event (p50_us, p99_us); throughput is events_per_s. Every connection is
 // opened once per process and warmed up before it is timed, the gate's and the baselines' alike.
@@ -124,6 +127,16 @@ GatedStore& worker_gate() {
   static GatedStore gated(settings.uri, store_options(4));
   return gated;
 }
+
+GatedStore& worker_gate_16() {
+  static GatedStore gated(settings.uri, store_options(16));
+  return gated;
+}
+
+// Coalesced commits (GateOptions::coalesce) are not in the gate yet. When they are, a
+// `worker_gate_16_coalesced()` with that option on, registered as
+// "postgres/gate_16_workers_coalesced" beside "postgres/gate_16_workers" below, gives
+// bench_report the figure for gate_16w_coalesced_vs_gate_16w (see its ratio table).
 
 void gated_event(benchmark::State& state, GatedStore& (*gated)()) {
   guarded(state, [&] {
@@ -291,9 +304,9 @@ void warm_up_process(std::chrono::milliseconds duration) {
   }
 }
 
-void gate_workers(benchmark::State& state) {
+void gate_workers(benchmark::State& state, GatedStore& (*gated)()) {
   guarded(state, [&] {
-    PgGate& gate = worker_gate().gate;
+    PgGate& gate = gated().gate;
     idemgate::bench::KeySource keys;
     const auto event = [&] {
       auto result = gate.process(keys.next("bench.workers"), idemgate::bench::request());
@@ -374,11 +387,17 @@ int main(int argc, char** argv) {
   latency(benchmark::RegisterBenchmark("postgres/hand_loop", hand_loop));
   latency(benchmark::RegisterBenchmark("postgres/duplicate", duplicate, &durable_gate));
   latency(benchmark::RegisterBenchmark("postgres/duplicate_cached", duplicate, &cached_gate));
-  benchmark::RegisterBenchmark("postgres/gate_4_workers", gate_workers)
+  benchmark::RegisterBenchmark("postgres/gate_4_workers", gate_workers, &worker_gate)
       ->Threads(4)
       ->Iterations(settings.worker_events)
       ->UseRealTime()
       ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("postgres/gate_16_workers", gate_workers, &worker_gate_16)
+      ->Threads(16)
+      ->Iterations(std::max<std::int64_t>(settings.worker_events / 4, 10))
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
+  // The place of "postgres/gate_16_workers_coalesced" once GateOptions::coalesce exists.
   if (!settings.growth_table.empty())
     latency(benchmark::RegisterBenchmark("postgres/reserve", reserve_only));
   return idemgate::bench::run_benchmarks(argc, argv);

@@ -77,7 +77,9 @@ idemgate_as_pg() {
 
 # Starts a throwaway PostgreSQL in a temp dir on a free loopback port.
 # Sets IDEMGATE_PG_DIR, IDEMGATE_PG_PORT and exports IDEMGATE_TEST_PG (its URI).
-# Extra server settings may be passed as arguments ("-c name=value" pairs).
+# Extra server settings may be passed as arguments ("-c name=value" pairs). Environment
+# variables for the server only ("NAME=value" words, e.g. an LD_PRELOAD) may be set in the array
+# IDEMGATE_PG_SERVER_ENV; the caller's own environment stays as it is.
 idemgate_start_postgres() {
   local bin
   bin=$(idemgate_pg_bin)
@@ -93,8 +95,8 @@ idemgate_start_postgres() {
   local try
   for try in 1 2 3 4 5; do
     IDEMGATE_PG_PORT=$(idemgate_free_port)
-    if idemgate_as_pg "$bin/pg_ctl" -D "$IDEMGATE_PG_DIR/data" -l "$IDEMGATE_PG_DIR/server.log" \
-      -w -t 60 -o "-p $IDEMGATE_PG_PORT -k $IDEMGATE_PG_DIR -c listen_addresses=127.0.0.1 \
+    if idemgate_as_pg env "${IDEMGATE_PG_SERVER_ENV[@]}" "$bin/pg_ctl" -D "$IDEMGATE_PG_DIR/data" \
+      -l "$IDEMGATE_PG_DIR/server.log" -w -t 60 -o "-p $IDEMGATE_PG_PORT -k $IDEMGATE_PG_DIR -c listen_addresses=127.0.0.1 \
 -c max_connections=300 -c shared_preload_libraries=pg_stat_statements $*" start >/dev/null; then
       break
     fi
