@@ -404,13 +404,8 @@ class Gate {
    * release), so a redelivery takes their events over at once instead of after the lease. A call
    * still running keeps going: its fenced commit lands if nobody took the event over yet, and
    * otherwise it answers `retry`. Safe to call from any thread, more than once; never from a
-   * signal handler (see `StopSignal` in <idemgate/shutdown.hpp>).
-   *
-   * Example:
-   *   idemgate::StopSignal sigterm;              // SIGTERM and SIGINT
-   *   std::thread consumer([&] { while (!sigterm.requested()) consume_one(gate); });
-   *   sigterm.wait();
-   *   auto report = idemgate::stop_gracefully(std::chrono::seconds(20), gate, reconciler);
+   * signal handler: `StopSignal` and `stop_gracefully` in <idemgate/shutdown.hpp> hook SIGTERM
+   * and stop the gate with its background workers (an example is there).
    */
   StopReport stop(std::chrono::milliseconds grace) {
     begin_stop();

@@ -7,6 +7,7 @@
 #include <idemgate/prometheus.hpp>
 #include <idemgate/reconciler.hpp>
 #include <idemgate/retention.hpp>
+#include <idemgate/shutdown.hpp>
 #include <idemgate/store/memory.hpp>
 #include <idemgate/testing/slot_request.hpp>
 
@@ -42,5 +43,12 @@ struct Message {
 
 /// Parks a message for a human.
 inline void dead_letter(Message&, std::string_view) {}
+
+/// One turn of the application's consume loop: takes a message, runs it through the gate, acks.
+template <class Gate>
+void consume_one(Gate&) {}
+
+/// The application's log.
+inline void log(const std::string&) {}
 
 }  // namespace snippet

@@ -1,8 +1,8 @@
 // A fragment of the documentation, compiled inside a function that has what fragments use: a
-// MemoryStore `store`, a `terminal`, a business write `book`, a `gate` and its `reconciler`, a
-// `key`, a Portbase notification `n`, a queue `message`, a slot `request` and two times. A
-// fragment may declare its own store or gate: it runs in a block of its own. Headers without a
-// prelude of their own use this one too.
+// MemoryStore `store`, a `terminal`, a business write `book`, a `gate`, its `reconciler` and a
+// `retention` worker, a `key`, a Portbase notification `n`, a queue `message`, a slot `request`
+// and two times. A fragment may declare its own store or gate: it runs in a block of its own.
+// Headers without a prelude of their own use this one too.
 #include "context.hpp"
 
 #include <idemgate/store/sqlite.hpp>
@@ -19,6 +19,7 @@ void fragment(ect_delta::Notification n, Message message, SlotRequest request,
   };
   idemgate::Gate gate{store, terminal, book};
   idemgate::Reconciler reconciler{gate};
+  idemgate::Retention retention{store};
   const idemgate::Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU7000037");
   {
     // @snippet: the example goes here
