@@ -127,12 +127,16 @@ class Heartbeat {
   }
 
   /// Stops renewing the lease of `key` under `fence` before the caller gives it back: waits for
-  /// a renewal under way, so none can extend the lease again after the release.
+  /// a renewal under way, so none extends the lease again after the release — for one renewal
+  /// period at most. A renewal that takes longer is stuck on a store that does not answer (a
+  /// partition); the caller must not hang on it. Should it land after the release after all, it
+  /// only keeps the event's lease for one more lease (a later takeover), never a second holder:
+  /// every write is fenced.
   void give_up(const Key& key, std::int64_t fence) {
     std::unique_lock lock(mutex_);
     for (auto& [ticket, entry] : held_)
       if (entry.lease.fence == fence && entry.lease.key == key) entry.renew = false;
-    idle_.wait(lock, [this] { return !renewing_; });
+    idle_.wait_for(lock, period_, [this] { return !renewing_; });
   }
 
   /// Stops the thread (waiting for a renewal under way) and refuses later holds; returns the
