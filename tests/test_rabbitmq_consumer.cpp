@@ -186,7 +186,7 @@ TEST_F(RabbitMqConsumer, SigtermFinishesTheMessageInHandWithinTheGraceAndAcksIt)
 TEST_F(RabbitMqConsumer, AMessageSlowerThanTheGraceIsRequeuedWithItsLeaseGivenBack) {
   const auto n = ect_delta::monday_notifications().front();
   // The claim outlasts the grace; the lease is the library's default (10 s).
-  terminal_.set_latency(8s);
+  terminal_.set_latency(4s);
   LineProcess& first = start_consumer({"--grace-ms", "300", "--no-reconciler"});
   channel_->publish(queue_, message(n));
   ASSERT_TRUE(first.wait_for_line("begin " + n.notification_id + " 0", 30s));
