@@ -599,7 +599,7 @@ int run(const Options& o) {
     }
     const int slot =
         target(slow ? 1 : 2, [&] { return !slow || terminal.claims_in_progress() > 0; });
-    auto f = begin_fault(slow ? "deploy_killed_after_grace" : "deploy_drained", slot);
+    auto f = begin_fault(slow ? "deploy_call_outlasts_grace" : "deploy_drained", slot);
     // ---- Graceful stop, as the orchestrator does it: SIGTERM, a grace, then SIGKILL. -------
     consumers.process(slot).signal(SIGTERM);
     const auto exited = consumers.process(slot).wait_exit(grace);
@@ -607,9 +607,12 @@ int run(const Options& o) {
     consumers.ended(slot);
     f.over = Clock::now();
     if (slow) terminal.set_latency(claim_latency);
+    const bool handed_back = consumers.process(slot).wait_for_line("requeue in-hand", 0ms);
     log(std::string("deploy of consumer ") + std::to_string(slot) +
-        (exited ? " drained within the grace" : " did not drain within the grace: SIGKILL") + " (" +
-        std::to_string(f.stranded.size()) + " message(s) in hand)");
+        (!exited       ? " did not exit within the grace: SIGKILL"
+         : handed_back ? " requeued its unfinished message at the end of its own grace"
+                       : " drained within the grace") +
+        " (" + std::to_string(f.stranded.size()) + " message(s) in hand)");
     consumers.start(slot);
     faults.push_back(std::move(f));
   };
