@@ -198,7 +198,7 @@ void consume(const Arguments& args, Gate& gate, amqp_example::Channel& channel, 
       // The notification cannot be a slot request (a control character in a field).
       settle(delivery->tag, amqp_example::Disposition::dead_letter);
       say("done " + id + " malformed dead-letter");
-    } catch (const idemgate::StoreError& e) {
+    } catch (const std::exception& e) {
       // The store failed (database down, commit fate unknown): never ack; the redelivery or the
       // reconciler finishes the event.
       std::cerr << "rabbitmq_consumer: " << id << ": " << e.what() << '\n';
