@@ -35,6 +35,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -477,6 +479,20 @@ class Consumers {
 
   [[nodiscard]] int unexpected_exits() const { return unexpected_exits_; }
 
+  /// Writes what each consumer process printed, one line each with its time (seconds after
+  /// `began`), to `consumer<slot>.<n>.out` in the run's directory.
+  void save_output(Clock::time_point began) const {
+    std::map<int, int> seen;
+    for (const auto& run : runs_) {
+      std::ofstream out(dir_ + "/consumer" + std::to_string(run->slot) + "." +
+                        std::to_string(seen[run->slot]++) + ".out");
+      for (const auto& line : run->process->lines()) {
+        const double at = std::chrono::duration<double>(line.at - began).count();
+        out << std::fixed << std::setprecision(3) << at << ' ' << line.text << '\n';
+      }
+    }
+  }
+
  private:
   std::vector<std::string> base_;
   std::vector<std::string> uris_;
@@ -794,8 +810,10 @@ int run(const Options& o) {
   cluster.stop();
   if (pass && !o.keep)
     std::filesystem::remove_all(dir);
-  else
-    log("files kept in " + dir);
+  else {
+    consumers.save_output(began);
+    log("files kept in " + dir + " (what each consumer printed: consumer<slot>.<n>.out)");
+  }
   std::cout << json.str() << std::endl;
   return pass ? 0 : 1;
 }
