@@ -11,11 +11,13 @@
 #include <support/postgres.hpp>
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -86,11 +88,15 @@ class RabbitMqConsumer : public ::testing::Test {
 
   /// Starts a consumer with a short lease and a fast reconciler, so what a kill strands is
   /// finished within seconds.
-  LineProcess& start_consumer() {
-    consumers_.push_back(std::make_unique<LineProcess>(std::vector<std::string>{
-        RABBITMQ_CONSUMER_PATH, "--amqp", amqp_, "--queue", queue_, "--pg", uri_, "--terminal",
-        terminal_.base_url(), "--prefetch", "2", "--lease-ms", "1500", "--reconcile-interval-ms",
-        "300", "--stale-after-ms", "0", "--requeue-delay-ms", "100"}));
+  /// `options` replace those options.
+  LineProcess& start_consumer(std::vector<std::string> options = {
+                                  "--lease-ms", "1500", "--reconcile-interval-ms", "300",
+                                  "--stale-after-ms", "0", "--requeue-delay-ms", "100"}) {
+    std::vector<std::string> argv{
+        RABBITMQ_CONSUMER_PATH, "--amqp",     amqp_, "--queue", queue_, "--pg", uri_, "--terminal",
+        terminal_.base_url(),   "--prefetch", "2"};
+    argv.insert(argv.end(), options.begin(), options.end());
+    consumers_.push_back(std::make_unique<LineProcess>(argv));
     EXPECT_TRUE(consumers_.back()->wait_for_line("ready", 60s)) << "the consumer did not start";
     return *consumers_.back();
   }
@@ -160,6 +166,51 @@ TEST_F(RabbitMqConsumer, DuplicatedDeliveriesAndAConsumerKilledMidMessageBookEac
   EXPECT_TRUE(second.wait_for(redelivered, 0s) || third.wait_for(redelivered, 0s))
       << stranded << " was not redelivered";
   EXPECT_EQ(channel_->ready(amqp_example::dead_letter_queue(queue_)), 0u);
+}
+
+TEST_F(RabbitMqConsumer, SigtermFinishesTheMessageInHandWithinTheGraceAndAcksIt) {
+  const auto n = ect_delta::monday_notifications().front();
+  terminal_.set_latency(1s);
+  LineProcess& consumer = start_consumer({"--grace-ms", "20000"});
+  channel_->publish(queue_, message(n));
+  ASSERT_TRUE(consumer.wait_for_line("begin " + n.notification_id + " 0", 30s));
+  consumer.signal(SIGTERM);
+  EXPECT_EQ(consumer.wait_exit(30s), std::optional<int>(0));
+  EXPECT_TRUE(consumer.wait_for_line("done " + n.notification_id + " processed ack", 0s));
+  EXPECT_TRUE(consumer.wait_for_line("stopped", 0s));
+  EXPECT_EQ(count("SELECT count(*) FROM tms_bookings"), 1);
+  EXPECT_EQ(count("SELECT count(*) FROM idemgate_log WHERE status = 'in_flight'"), 0);
+  EXPECT_EQ(channel_->ready(queue_), 0u);
+}
+
+TEST_F(RabbitMqConsumer, AMessageSlowerThanTheGraceIsRequeuedWithItsLeaseGivenBack) {
+  const auto n = ect_delta::monday_notifications().front();
+  // The claim outlasts the grace; the lease is the library's default (10 s).
+  terminal_.set_latency(4s);
+  LineProcess& first = start_consumer({"--grace-ms", "300", "--no-reconciler"});
+  channel_->publish(queue_, message(n));
+  ASSERT_TRUE(first.wait_for_line("begin " + n.notification_id + " 0", 30s));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (terminal_.claims_in_progress() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_GT(terminal_.claims_in_progress(), 0);
+  first.signal(SIGTERM);
+  EXPECT_EQ(first.wait_exit(30s), std::optional<int>(0));
+  EXPECT_TRUE(first.wait_for_line("requeue in-hand", 0s));
+  EXPECT_TRUE(first.wait_for_line("stopped", 0s));
+  EXPECT_FALSE(first.wait_for_line("done " + n.notification_id + " processed ack", 0s))
+      << "an unfinished message was acked";
+  EXPECT_EQ(channel_->ready(queue_), 1u) << "the unfinished message is back in the queue";
+
+  // The redelivery takes the event over at once: its lease was given back, so the next consumer
+  // processes it instead of finding it in flight under a live lease.
+  terminal_.set_latency(0ms);
+  LineProcess& second = start_consumer({"--no-reconciler"});
+  ASSERT_TRUE(second.wait_for_line("begin " + n.notification_id + " 1", 30s));
+  EXPECT_TRUE(second.wait_for_line("done " + n.notification_id + " processed ack", 30s));
+  ASSERT_TRUE(settled(1, 30s));
+  EXPECT_EQ(count("SELECT count(*) FROM tms_bookings"), 1);
+  EXPECT_EQ(terminal_.max_distinct_slots_per_key(), 1u);
 }
 
 TEST_F(RabbitMqConsumer, RetryIsRequeuedAndRedeliveredNeverAcked) {

@@ -6,7 +6,7 @@
 //   rabbitmq_consumer --pg URI --terminal URL [--amqp HOST:PORT] [--queue NAME]
 //                     [--prefetch N] [--requeue-delay-ms MS] [--lease-ms MS]
 //                     [--reconcile-interval-ms MS] [--stale-after-ms MS] [--max-attempts N]
-//                     [--no-reconciler]
+//                     [--no-reconciler] [--grace-ms MS]
 //
 // Each flag may be given by environment instead: IDEMGATE_PG, IDEMGATE_TERMINAL, IDEMGATE_AMQP,
 // IDEMGATE_QUEUE. Gate and reconciler options not given keep the library's defaults.
@@ -14,7 +14,8 @@
 // It prints one line per event on stdout: "ready" once consuming, "begin <notification>
 // <redelivered 0|1>" when a delivery is taken, "done <notification> <status> <disposition>" when
 // it is settled, "error <notification> <what>" when the store failed (the message is requeued),
-// "stopped" after a SIGTERM drained it. Exit status: 0 after SIGTERM, 2 for bad arguments, 3 when
+// "requeue in-hand" when a SIGTERM's grace (--grace-ms, default 20000) ran out with a message
+// unfinished, "stopped" once stopped. Exit status: 0 after SIGTERM, 2 for bad arguments, 3 when
 // the broker or the database cannot be used.
 
 #include "amqp_consumer.hpp"
@@ -26,16 +27,15 @@
 #include <idemgate/downstream/http.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/reconciler.hpp>
+#include <idemgate/shutdown.hpp>
 #include <idemgate/store/postgres.hpp>
 
-#include <signal.h>
-
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
-#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -52,6 +52,7 @@ struct Arguments {
   std::string terminal;
   int prefetch = 4;
   std::chrono::milliseconds requeue_delay{500};
+  std::chrono::milliseconds grace{20'000};
   idemgate::GateOptions gate;
   idemgate::ReconcilerOptions reconciler;
   bool run_reconciler = true;
@@ -62,7 +63,7 @@ struct Arguments {
             << "\nusage: rabbitmq_consumer --pg URI --terminal URL [--amqp HOST:PORT] "
                "[--queue NAME] [--prefetch N] [--requeue-delay-ms MS] [--lease-ms MS] "
                "[--reconcile-interval-ms MS] [--stale-after-ms MS] [--max-attempts N] "
-               "[--no-reconciler]\n";
+               "[--no-reconciler] [--grace-ms MS]\n";
   std::exit(2);
 }
 
@@ -111,6 +112,8 @@ Arguments parse(int argc, char** argv) {
       args.reconciler.stale_after = millis(0);
     } else if (arg == "--max-attempts") {
       args.reconciler.max_attempts = static_cast<std::size_t>(whole_number(arg, value(), 1, 1000));
+    } else if (arg == "--grace-ms") {
+      args.grace = millis(0);
     } else if (arg == "--no-reconciler") {
       args.run_reconciler = false;
     } else if (arg == "-h" || arg == "--help") {
@@ -131,31 +134,6 @@ void say(const std::string& line) {
   std::fflush(stdout);
 }
 
-// ---- Graceful stop --------------------------------------------------------------------------
-// The one place that handles SIGTERM. Today it sets a flag: the loop below finishes and settles
-// the message in hand, takes no other, stops the reconciler and closes the connection, which
-// hands the prefetched messages back to the broker. When the library offers a graceful stop
-// (drain the gate and its leases within a grace), call it from `drain()` instead.
-std::atomic<bool> stop_requested{false};
-
-extern "C" void on_stop_signal(int) {
-  stop_requested.store(true);
-}
-
-void install_stop_handler() {
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
-}
-
-template <class Reconciler>
-void drain(Reconciler* reconciler) {
-  if (reconciler != nullptr) reconciler->stop();
-}
-// ---- end of graceful stop -------------------------------------------------------------------
-
 /// A notification as published: `{"notification_id":…,"equipment_number":…,
 /// "preferred_window":…}`; none when a field is missing.
 std::optional<ect_delta::Notification> parse_notification(const std::string& body) {
@@ -168,54 +146,38 @@ std::optional<ect_delta::Notification> parse_notification(const std::string& bod
   return ect_delta::Notification{std::move(*id), std::move(*container), std::move(*window)};
 }
 
-/// Opens the store and creates its tables, waiting out a database that is not up yet (a
-/// consumer restarted during a failover).
-std::unique_ptr<idemgate::PostgresStore> open_store(const std::string& uri) {
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
-  for (;;) {
-    try {
-      auto store = std::make_unique<idemgate::PostgresStore>(uri);
-      store->migrate();
-      pqxx::connection c{uri};
-      pqxx::work tx{c};
-      tx.exec(
-          "CREATE TABLE IF NOT EXISTS tms_bookings (container text NOT NULL, slot text NOT NULL,"
-          " booked_at timestamptz NOT NULL DEFAULT clock_timestamp())");
-      tx.commit();
-      return store;
-    } catch (const std::exception&) {
-      if (std::chrono::steady_clock::now() > deadline) throw;
-      std::this_thread::sleep_for(1s);
-    }
-  }
-}
+/// The message being worked on, shared with the thread that stops the consumer, which requeues it
+/// when the grace runs out before the gate finished it. The channel is used under `mutex`.
+struct InHand {
+  std::mutex mutex;
+  std::optional<std::uint64_t> tag;
+};
 
-int run(const Arguments& args) {
-  auto store = open_store(args.pg);
-  idemgate::HttpDownstream<ect_delta::SlotApi> terminal{args.terminal};
-  // The business write: the TMS booking, in the transaction that records the slot.
-  auto book = [](pqxx::work& tx, const ect_delta::SlotRequest& request, const std::string& slot) {
-    idemgate::exec_params(tx, "INSERT INTO tms_bookings (container, slot) VALUES ($1, $2)",
-                          request.container, slot);
+/// Takes messages and puts each through the gate until a stop is requested.
+template <class Gate>
+void consume(const Arguments& args, Gate& gate, amqp_example::Channel& channel, InHand& hand,
+             const idemgate::StopSignal& stop) {
+  // Settles the message in hand, unless the stopping thread requeued it already.
+  auto settle = [&](std::uint64_t tag, amqp_example::Disposition disposition) {
+    std::lock_guard lock(hand.mutex);
+    if (hand.tag != tag) return false;
+    channel.settle(tag, disposition);
+    hand.tag.reset();
+    return true;
   };
-  idemgate::Gate gate{*store, terminal, book, args.gate};
-  std::optional<decltype(idemgate::Reconciler{gate})> reconciler;
-  if (args.run_reconciler) {
-    reconciler.emplace(gate, args.reconciler);
-    reconciler->start();
-  }
-
-  amqp_example::Channel channel{amqp_example::Endpoint::parse(args.amqp)};
-  channel.declare_with_dead_letter(args.queue);
-  channel.consume(args.queue, static_cast<std::uint16_t>(args.prefetch));
-  say("ready");
-
-  while (!stop_requested.load()) {
-    const auto delivery = channel.next(200ms);
+  // A pause before a requeue keeps a failing event from spinning; not while stopping.
+  auto pause = [&] { (void)stop.wait_for(args.requeue_delay); };
+  while (!stop.requested()) {
+    std::optional<amqp_example::Delivery> delivery;
+    {
+      std::lock_guard lock(hand.mutex);
+      delivery = channel.next(200ms);
+      if (delivery) hand.tag = delivery->tag;
+    }
     if (!delivery) continue;
     const auto notification = parse_notification(delivery->body);
     if (!notification) {
-      channel.settle(delivery->tag, amqp_example::Disposition::dead_letter);
+      settle(delivery->tag, amqp_example::Disposition::dead_letter);
       say("done - malformed dead-letter");
       continue;
     }
@@ -224,28 +186,87 @@ int run(const Arguments& args) {
     // The key comes from what Portbase controls, never from the broker's delivery tag.
     const auto key = idemgate::derive_key("ect.claim_slot", id, notification->equipment_number);
     try {
+      // While stopping, `process` answers `retry`: the message goes back to the broker.
       const auto result =
           gate.process(key, {notification->equipment_number, notification->preferred_window});
       const auto disposition = amqp_example::disposition(result.status());
-      if (disposition == amqp_example::Disposition::requeue)
-        std::this_thread::sleep_for(args.requeue_delay);
-      channel.settle(delivery->tag, disposition);
-      say("done " + id + " " + std::string(idemgate::to_string(result.status())) + " " +
-          std::string(amqp_example::to_string(disposition)));
+      if (disposition == amqp_example::Disposition::requeue) pause();
+      if (settle(delivery->tag, disposition))
+        say("done " + id + " " + std::string(idemgate::to_string(result.status())) + " " +
+            std::string(amqp_example::to_string(disposition)));
     } catch (const idemgate::CodecError&) {
       // The notification cannot be a slot request (a control character in a field).
-      channel.settle(delivery->tag, amqp_example::Disposition::dead_letter);
+      settle(delivery->tag, amqp_example::Disposition::dead_letter);
       say("done " + id + " malformed dead-letter");
     } catch (const std::exception& e) {
       // The store failed (database down, commit fate unknown): never ack; the redelivery or the
       // reconciler finishes the event.
       std::cerr << "rabbitmq_consumer: " << id << ": " << e.what() << '\n';
-      std::this_thread::sleep_for(args.requeue_delay);
-      channel.settle(delivery->tag, amqp_example::Disposition::requeue);
-      say("error " + id + " requeue");
+      pause();
+      if (settle(delivery->tag, amqp_example::Disposition::requeue))
+        say("error " + id + " requeue");
     }
   }
-  drain(reconciler ? &*reconciler : nullptr);
+}
+
+int run(const Arguments& args, idemgate::StopSignal& stop) {
+  // The store connects lazily; `migrate()` waits for a database that is not up yet (a consumer
+  // restarted during a failover) up to `PostgresOptions::startup_wait`.
+  idemgate::PostgresStore store{args.pg};
+  store.migrate();
+  {
+    pqxx::connection c{args.pg};
+    pqxx::work tx{c};
+    tx.exec(
+        "CREATE TABLE IF NOT EXISTS tms_bookings (container text NOT NULL, slot text NOT NULL,"
+        " booked_at timestamptz NOT NULL DEFAULT clock_timestamp())");
+    tx.commit();
+  }
+  idemgate::HttpDownstream<ect_delta::SlotApi> terminal{args.terminal};
+  // The business write: the TMS booking, in the transaction that records the slot.
+  auto book = [](pqxx::work& tx, const ect_delta::SlotRequest& request, const std::string& slot) {
+    idemgate::exec_params(tx, "INSERT INTO tms_bookings (container, slot) VALUES ($1, $2)",
+                          request.container, slot);
+  };
+  idemgate::Gate gate{store, terminal, book, args.gate};
+  idemgate::Reconciler reconciler{gate, args.reconciler};
+  if (args.run_reconciler) reconciler.start();
+
+  amqp_example::Channel channel{amqp_example::Endpoint::parse(args.amqp)};
+  channel.declare_with_dead_letter(args.queue);
+  channel.consume(args.queue, static_cast<std::uint16_t>(args.prefetch));
+  say("ready");
+
+  InHand hand;
+  std::exception_ptr failure;
+  std::thread consumer([&] {
+    try {
+      consume(args, gate, channel, hand, stop);
+    } catch (...) {  // the broker went away: stop, and report it below
+      failure = std::current_exception();
+      stop.request();
+    }
+  });
+  stop.wait();  // SIGTERM from the deployment, or Ctrl-C
+  // The gate takes no new work, the reconciler ends its pass, the message in hand gets what is
+  // left of the grace; if it is still running then, its lease was given back...
+  const auto report = idemgate::stop_gracefully(args.grace, gate, reconciler);
+  if (!report.clean()) {
+    // ...and the message goes back to the broker now, so a redelivery takes the event over at
+    // once. Never acked: if the call still commits, the redelivery finds it done.
+    std::lock_guard lock(hand.mutex);
+    if (hand.tag) {
+      channel.settle(*hand.tag, amqp_example::Disposition::requeue);
+      hand.tag.reset();
+      say("requeue in-hand");
+    }
+    say("stopped");
+    // The call in hand may hang on the terminal; closing the connection at exit hands the
+    // prefetched messages back.
+    std::_Exit(0);
+  }
+  consumer.join();
+  if (failure) std::rethrow_exception(failure);
   say("stopped");
   return 0;
 }
@@ -254,9 +275,9 @@ int run(const Arguments& args) {
 
 int main(int argc, char** argv) {
   const Arguments args = parse(argc, argv);
-  install_stop_handler();
   try {
-    return run(args);
+    idemgate::StopSignal stop;  // SIGTERM and SIGINT
+    return run(args, stop);
   } catch (const std::exception& e) {
     std::cerr << "rabbitmq_consumer: " << e.what() << '\n';
     return 3;

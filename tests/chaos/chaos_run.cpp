@@ -1,11 +1,13 @@
 // The chaos run: Portbase notifications, about 30 % of them delivered 2 to 6 times, through a
 // real RabbitMQ queue to three consumer processes (examples/rabbitmq_consumer) on a PostgreSQL
 // primary with a synchronous standby, while failovers, deploys, a kill and a network partition
-// land in the middle of messages. Then a final reconcile and the verdict: one booking per
-// container, one terminal slot per key, nothing in flight, and for each fault the time from the
-// fault to the booking of the last event it stranded.
+// land in the middle of messages. Then, once the consumers' own reconcilers left nothing in
+// flight, the verdict: one booking per container, one terminal slot per key, nothing in flight,
+// and for each fault the time from the fault to the booking of the last event it stranded, at
+// most --max-recovery-s (15 s by default).
 //
-//   chaos_run [--notifications N] [--short] [--max-wait-s S] [--seed N] [--keep]
+//   chaos_run [--notifications N] [--short] [--max-wait-s S] [--max-recovery-s S] [--seed N]
+//             [--keep]
 //
 // Needs IDEMGATE_TEST_AMQP (a RabbitMQ node's host:port; scripts/chaos starts one) and
 // IDEMGATE_PG_BIN (the PostgreSQL server binaries). Every library option keeps its default.
@@ -19,9 +21,7 @@
 #include <support/pg_fault_proxy.hpp>
 
 #include <idemgate/detail/postgres/pqxx_compat.hpp>
-#include <idemgate/downstream/http.hpp>
 #include <idemgate/gate.hpp>
-#include <idemgate/reconciler.hpp>
 #include <idemgate/store/postgres.hpp>
 
 #include <netinet/in.h>
@@ -35,6 +35,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -59,6 +61,7 @@ struct Options {
   int notifications = 400;
   bool short_run = false;
   std::chrono::seconds max_wait{600};
+  double max_recovery_s = 15;
   unsigned seed = 1;
   bool keep = false;
   std::string amqp;
@@ -68,8 +71,8 @@ struct Options {
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "chaos_run: " << message
-            << "\nusage: chaos_run [--notifications N] [--short] [--max-wait-s S] [--seed N] "
-               "[--keep]\n";
+            << "\nusage: chaos_run [--notifications N] [--short] [--max-wait-s S] "
+               "[--max-recovery-s S] [--seed N] [--keep]\n";
   std::exit(2);
 }
 
@@ -96,6 +99,8 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--max-wait-s") {
       o.max_wait = std::chrono::seconds(number(1, 86'400));
       wait_given = true;
+    } else if (arg == "--max-recovery-s") {
+      o.max_recovery_s = static_cast<double>(number(1, 86'400));
     } else if (arg == "--seed") {
       o.seed = static_cast<unsigned>(number(0, 1'000'000'000));
     } else if (arg == "--keep") {
@@ -474,6 +479,20 @@ class Consumers {
 
   [[nodiscard]] int unexpected_exits() const { return unexpected_exits_; }
 
+  /// Writes what each consumer process printed, one line each with its time (seconds after
+  /// `began`), to `consumer<slot>.<n>.out` in the run's directory.
+  void save_output(Clock::time_point began) const {
+    std::map<int, int> seen;
+    for (const auto& run : runs_) {
+      std::ofstream out(dir_ + "/consumer" + std::to_string(run->slot) + "." +
+                        std::to_string(seen[run->slot]++) + ".out");
+      for (const auto& line : run->process->lines()) {
+        const double at = std::chrono::duration<double>(line.at - began).count();
+        out << std::fixed << std::setprecision(3) << at << ' ' << line.text << '\n';
+      }
+    }
+  }
+
  private:
   std::vector<std::string> base_;
   std::vector<std::string> uris_;
@@ -487,6 +506,9 @@ class Consumers {
 
 /// How long a deploy lets a consumer drain after SIGTERM before it is killed.
 constexpr auto grace = 5s;
+/// The consumer's own grace (--grace-ms): shorter than the orchestrator's, so that it gives the
+/// leases of unfinished messages back and requeues them before the SIGKILL.
+constexpr auto consumer_grace = 4s;
 /// The terminal's time per claim, so that faults land inside messages.
 constexpr auto claim_latency = 150ms;
 /// The terminal's time per claim while the slow deploy runs: longer than the grace.
@@ -530,7 +552,8 @@ int run(const Options& o) {
       " deliveries, queue " + queue + ", files in " + dir);
 
   Consumers consumers(
-      {o.consumer, "--amqp", o.amqp, "--queue", queue, "--terminal", terminal.base_url()},
+      {o.consumer, "--amqp", o.amqp, "--queue", queue, "--terminal", terminal.base_url(),
+       "--grace-ms", std::to_string(std::chrono::milliseconds(consumer_grace).count())},
       {relayed, cluster.uri(), cluster.uri()}, dir);
   for (int slot = 0; slot < 3; ++slot) consumers.start(slot);
 
@@ -592,7 +615,7 @@ int run(const Options& o) {
     }
     const int slot =
         target(slow ? 1 : 2, [&] { return !slow || terminal.claims_in_progress() > 0; });
-    auto f = begin_fault(slow ? "deploy_killed_after_grace" : "deploy_drained", slot);
+    auto f = begin_fault(slow ? "deploy_call_outlasts_grace" : "deploy_drained", slot);
     // ---- Graceful stop, as the orchestrator does it: SIGTERM, a grace, then SIGKILL. -------
     consumers.process(slot).signal(SIGTERM);
     const auto exited = consumers.process(slot).wait_exit(grace);
@@ -600,9 +623,12 @@ int run(const Options& o) {
     consumers.ended(slot);
     f.over = Clock::now();
     if (slow) terminal.set_latency(claim_latency);
+    const bool handed_back = consumers.process(slot).wait_for_line("requeue in-hand", 0ms);
     log(std::string("deploy of consumer ") + std::to_string(slot) +
-        (exited ? " drained within the grace" : " did not drain within the grace: SIGKILL") + " (" +
-        std::to_string(f.stranded.size()) + " message(s) in hand)");
+        (!exited       ? " did not exit within the grace: SIGKILL"
+         : handed_back ? " requeued its unfinished message at the end of its own grace"
+                       : " drained within the grace") +
+        " (" + std::to_string(f.stranded.size()) + " message(s) in hand)");
     consumers.start(slot);
     faults.push_back(std::move(f));
   };
@@ -656,33 +682,22 @@ int run(const Options& o) {
     std::this_thread::sleep_for(100ms);
   }
 
-  // The final reconcile: the library's default options; a pass every second finishes each
-  // stranded row as soon as those options let it (its lease expired, unchanged for
-  // stale_after).
-  log("queue drained; final reconcile until nothing is in flight (at most " +
+  // Nothing in flight: the consumers' own reconcilers (the library's default options) finish
+  // every stranded row; the run only watches the log.
+  log("queue drained; waiting for the consumers' reconcilers to leave nothing in flight (at "
+      "most " +
       std::to_string(o.max_wait.count()) + " s after publishing)");
   std::int64_t in_flight_rows = -1;
-  {
-    idemgate::PostgresStore store{cluster.uri()};
-    idemgate::HttpDownstream<ect_delta::SlotApi> downstream{terminal.base_url()};
-    auto book = [](pqxx::work& tx, const ect_delta::SlotRequest& r, const std::string& slot) {
-      idemgate::exec_params(tx, "INSERT INTO tms_bookings (container, slot) VALUES ($1, $2)",
-                            r.container, slot);
-    };
-    idemgate::Gate gate{store, downstream, book};
-    idemgate::Reconciler reconciler{gate};
-    for (;;) {
-      consumers.supervise();
-      try {
-        reconciler.run_once();
-        in_flight_rows = count_on(cluster.primary_uri(),
-                                  "SELECT count(*) FROM idemgate_log WHERE status = 'in_flight'");
-      } catch (const std::exception& e) {
-        log(std::string("final reconcile pass failed: ") + e.what());
-      }
-      if (in_flight_rows == 0 || std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::sleep_for(1s);
+  for (;;) {
+    consumers.supervise();
+    try {
+      in_flight_rows = count_on(cluster.primary_uri(),
+                                "SELECT count(*) FROM idemgate_log WHERE status = 'in_flight'");
+    } catch (const std::exception& e) {
+      log(std::string("counting the rows in flight failed: ") + e.what());
     }
+    if (in_flight_rows == 0 || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(500ms);
   }
   consumers.stop_all(grace);
 
@@ -743,7 +758,7 @@ int run(const Options& o) {
   const bool pass = booked_once == o.notifications && booked_twice == 0 && not_booked == 0 &&
                     keys_with_one_slot == notifications.size() && most_slots_per_key == 1 &&
                     most_slots_per_container == 1 && in_flight_rows == 0 && recovered_all &&
-                    dead_lettered == 0;
+                    slowest <= o.max_recovery_s && dead_lettered == 0;
 
   char buffer[64];
   auto fixed = [&](double v) {
@@ -760,7 +775,9 @@ int run(const Options& o) {
       " of " + std::to_string(o.notifications) + " containers booked exactly once, " +
       std::to_string(booked_twice) + " more than once, " + std::to_string(not_booked) +
       " never; most slots per key " + std::to_string(most_slots_per_key) + "; in flight " +
-      std::to_string(in_flight_rows) + "; dead-lettered " + std::to_string(dead_lettered));
+      std::to_string(in_flight_rows) + "; dead-lettered " + std::to_string(dead_lettered) +
+      "; slowest recovery " + fixed(slowest) + " s (at most " + fixed(o.max_recovery_s) +
+      " s allowed)");
 
   std::ostringstream json;
   json << "{\"verdict\":\"" << (pass ? "pass" : "fail")
@@ -793,8 +810,10 @@ int run(const Options& o) {
   cluster.stop();
   if (pass && !o.keep)
     std::filesystem::remove_all(dir);
-  else
-    log("files kept in " + dir);
+  else {
+    consumers.save_output(began);
+    log("files kept in " + dir + " (what each consumer printed: consumer<slot>.<n>.out)");
+  }
   std::cout << json.str() << std::endl;
   return pass ? 0 : 1;
 }

@@ -598,6 +598,42 @@ INSTANTIATE_TEST_SUITE_P(Store, EveryOperation,
                                operation_names[static_cast<std::size_t>(tested.param)]);
                          });
 
+// A reservation whose reply was lost runs again on a fresh connection and finds its own row: it
+// goes on with a whole lease from then, not with what is left of the first one (after a
+// partition, nothing), so no reconciler takes the event over while it works.
+TEST_F(WireFaultTest, ReservationRunAgainAfterALostReplyRenewsItsOwnLease) {
+  auto store = proxied_store();
+  std::string bytes;
+  idemgate::codec<SlotRequest>::encode(request_of(1), bytes);
+  proxy_->arm(Fault::lose_reply, "idemgate_reserve");
+  const auto reservation =
+      store->reserve(key_of(1), idemgate::detail::sha256(bytes), bytes, std::chrono::seconds(10));
+  ASSERT_TRUE(proxy_->wait_fired(5s));
+  ASSERT_EQ(reservation.kind, idemgate::Reservation::Kind::acquired);
+  // The first run wrote lease_until = created_at + 10 s in its own transaction; the second run
+  // is later, so a renewed lease ends later than that.
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log +
+                     " WHERE status = 'in_flight' AND lease_until > created_at + interval '10 s'"),
+            1);
+}
+
+TEST_F(WireFaultTest, BatchReservationRunAgainAfterALostReplyRenewsItsOwnLeases) {
+  auto store = proxied_store();
+  std::vector<std::string> bytes(3);
+  std::vector<idemgate::ReserveItem> items;
+  for (int i = 1; i <= 3; ++i) {
+    idemgate::codec<SlotRequest>::encode(request_of(i), bytes[i - 1]);
+    items.push_back({key_of(i), idemgate::detail::sha256(bytes[i - 1]), bytes[i - 1]});
+  }
+  proxy_->arm(Fault::lose_reply, "idemgate_reserve_batch");
+  const auto reservations = store->reserve_batch(items, std::chrono::seconds(10));
+  ASSERT_TRUE(proxy_->wait_fired(5s));
+  for (const auto& r : reservations) EXPECT_EQ(r.kind, idemgate::Reservation::Kind::acquired);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log +
+                     " WHERE status = 'in_flight' AND lease_until > created_at + interval '10 s'"),
+            3);
+}
+
 TEST_F(WireFaultTest, BatchWhoseCommitGivesUpReleasesItsReservationsForTheRedelivery) {
   wire_ = Wire::cut;
   auto store = proxied_store();

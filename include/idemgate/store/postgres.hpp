@@ -767,7 +767,9 @@ class PostgresStore {
     // The insert claims a new key; when it conflicts, the update counts the duplicate and
     // returns the stored row: one statement, one round trip, either way.
     // A row this attempt wrote itself (its reply was lost) is not counted as a duplicate and
-    // comes back as `mine`.
+    // comes back as `mine`, its lease renewed from now: the attempt goes on with a whole lease,
+    // not one that may have run out while it reconnected (a partition), and a reconciler does
+    // not take the event over under it.
     s.reserve =
         "WITH claimed AS (INSERT INTO " + t +
         " (key, status, fence, lease_until, fingerprint, request, holder, attempts)"
@@ -776,7 +778,9 @@ class PostgresStore {
         " ON CONFLICT (key) DO NOTHING RETURNING fence),"
         " seen AS (UPDATE " +
         t +
-        " SET duplicates = duplicates + CASE WHEN holder = $5::bigint THEN 0 ELSE 1 END"
+        " SET duplicates = duplicates + CASE WHEN holder = $5::bigint THEN 0 ELSE 1 END,"
+        " lease_until = CASE WHEN holder = $5::bigint AND status = 'in_flight'"
+        " THEN now() + $4::bigint * interval '1 millisecond' ELSE lease_until END"
         " WHERE key = $1::bytea AND NOT EXISTS (SELECT 1 FROM claimed)"
         " RETURNING fence, status, fingerprint = $2::bytea AS same, lease_until >= now() AS live,"
         " result, reason, holder = $5::bigint AS mine)"
@@ -868,7 +872,9 @@ class PostgresStore {
         " seen AS (UPDATE " +
         t +
         " AS log SET duplicates = log.duplicates + CASE WHEN log.holder = $5::bigint THEN 0"
-        " ELSE 1 END FROM input"
+        " ELSE 1 END, lease_until = CASE WHEN log.holder = $5::bigint AND log.status ="
+        " 'in_flight' THEN now() + $4::bigint * interval '1 millisecond' ELSE log.lease_until END"
+        " FROM input"
         " WHERE log.key = input.key AND NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.key ="
         " input.key) RETURNING log.key, log.fence, log.status, log.fingerprint = input.fingerprint"
         " AS same, log.lease_until >= now() AS live, log.result, log.reason,"
