@@ -53,6 +53,9 @@ struct PostgresOptions {
   /// The idempotency log's table, optionally schema-qualified (`ops.idemgate_log`).
   std::string table = "idemgate_log";
   /// Connections in the store's pool. Worker threads share them; each call checks one out.
+  /// Lease renewals (the gate's heartbeat, the reconciler) have one connection of their own
+  /// beside the pool, opened at the first renewal, so they neither wait for the workers nor
+  /// keep a worker waiting when the database stops answering.
   std::size_t pool_size = 1;
   /// How long a call waits for a free connection before it throws `StoreError`.
   std::chrono::milliseconds checkout_timeout = std::chrono::seconds(30);
@@ -307,7 +310,8 @@ class PostgresStore {
         }()),
         table_(detail::checked_table_name(options_.table)),
         sql_(statements(table_)),
-        pool_(uri, options_.pool_size, options_.checkout_timeout, connection_settings({})) {
+        pool_(uri, options_.pool_size, options_.checkout_timeout, connection_settings({})),
+        renewal_pool_(uri, 1, options_.checkout_timeout, connection_settings({}), false) {
     // Behind a transaction pooler, a session-level SET would stay on whichever server
     // connection ran it and leave other clients' commits, this store's own included, without
     // the WAL flush: relaxed reservations set it per transaction there (reserve_statement).
@@ -540,7 +544,7 @@ class PostgresStore {
     const std::string key_array = detail::pq::bytea_array_param(keys);
     const std::string fence_array = detail::pq::bigint_array_param(fences);
     const std::int64_t lease_ms = detail::sql_duration<std::chrono::milliseconds>(lease);
-    return run([&](Lease& c) {
+    return run_on(renewal_pool_, [&](Lease& c) {
       pqxx::nontransaction tx(c.connection());
       return static_cast<std::size_t>(detail::pq::affected_rows(
           exec_prepared(c, tx, Statement::extend, key_array, fence_array, lease_ms)));
@@ -1066,7 +1070,7 @@ class PostgresStore {
   /// Connections the store closed because a statement went unanswered for
   /// `PostgresOptions::reply_timeout` (a partition that nothing else reported).
   [[nodiscard]] std::size_t connections_cut() const noexcept {
-    return pool_.silent_connections_cut() +
+    return pool_.silent_connections_cut() + renewal_pool_.silent_connections_cut() +
            (relaxed_pool_ ? relaxed_pool_->silent_connections_cut() : 0);
   }
 
@@ -1497,6 +1501,7 @@ class PostgresStore {
   std::string table_;
   Statements sql_;
   detail::ConnectionPool pool_;
+  detail::ConnectionPool renewal_pool_;  // lease renewals only (extend)
   std::unique_ptr<detail::ConnectionPool> relaxed_pool_;
 };
 
