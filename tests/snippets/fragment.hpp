@@ -7,6 +7,12 @@
 
 #include <idemgate/store/sqlite.hpp>
 
+#if __has_include(<prometheus/exposer.h>)  // the metrics examples (idemgate::prometheus)
+#include <idemgate/metrics/prometheus_cpp.hpp>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+#endif
+
 using namespace snippet;
 
 void fragment(ect_delta::Notification n, Message message, SlotRequest request,
