@@ -80,7 +80,7 @@ struct RegistryOptions {
  *
  * Example:
  *   auto registry = std::make_shared<prometheus::Registry>();
- *   prometheus::Exposer exposer{"127.0.0.1:9464"};  // prometheus-cpp::pull
+ *   prometheus::Exposer exposer{"127.0.0.1:9464"};  // prometheus-cpp's pull library
  *   exposer.RegisterCollectable(registry);
  *   idemgate::prometheus::RegistryObserver metrics{*registry};
  *   idemgate::Gate gate{store, terminal, book, {}, metrics};
