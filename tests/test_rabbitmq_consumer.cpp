@@ -174,6 +174,12 @@ TEST_F(RabbitMqConsumer, SigtermFinishesTheMessageInHandWithinTheGraceAndAcksIt)
   LineProcess& consumer = start_consumer({"--grace-ms", "20000"});
   channel_->publish(queue_, message(n));
   ASSERT_TRUE(consumer.wait_for_line("begin " + n.notification_id + " 0", 30s));
+  // SIGTERM once the claim is at the terminal: the message is then in hand, its key reserved.
+  // (A SIGTERM between "begin" and the reservation is answered retry and requeued instead.)
+  const auto claim_deadline = std::chrono::steady_clock::now() + 30s;
+  while (terminal_.claims_received() == 0 && std::chrono::steady_clock::now() < claim_deadline)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(terminal_.claims_received(), 1);
   consumer.signal(SIGTERM);
   EXPECT_EQ(consumer.wait_exit(30s), std::optional<int>(0));
   EXPECT_TRUE(consumer.wait_for_line("done " + n.notification_id + " processed ack", 0s));
