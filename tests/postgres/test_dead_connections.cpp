@@ -4,6 +4,7 @@
 // Faults are real: a relay that swallows every byte, a server stopped and started again.
 
 #include "support/fake_terminal.hpp"
+#include "support/log_lines.hpp"
 #include "support/pg_bookings.hpp"
 #include "support/pg_cluster.hpp"
 #include "support/pg_fault_proxy.hpp"
@@ -43,31 +44,9 @@ using idemgate::test::SlotRequest;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-namespace {
+using idemgate::test::LogLines;
 
-/// Log lines the store wrote, kept for the test to read.
-struct LogLines {
-  std::mutex mutex;
-  std::vector<std::string> lines;
-  std::function<void(std::string_view)> sink() {
-    return [this](std::string_view line) {
-      std::lock_guard lock(mutex);
-      lines.emplace_back(line);
-    };
-  }
-  std::size_t count(const std::string& text) {
-    std::lock_guard lock(mutex);
-    std::size_t n = 0;
-    for (const std::string& line : lines) n += line.find(text) != std::string::npos ? 1 : 0;
-    return n;
-  }
-  std::string all() {
-    std::lock_guard lock(mutex);
-    std::string text;
-    for (const std::string& line : lines) text += line + "\n";
-    return text;
-  }
-};
+namespace {
 
 /// The bookings writer with a hook that runs inside the transaction, before the booking.
 struct HookedWriter {

@@ -6,6 +6,7 @@
 // booked exactly once on the new primary, with no half state.
 
 #include "support/fake_terminal.hpp"
+#include "support/log_lines.hpp"
 #include "support/pg_bookings.hpp"
 #include "support/pg_cluster.hpp"
 #include "support/postgres.hpp"
@@ -35,6 +36,8 @@ using idemgate::test::PgCluster;
 using idemgate::test::SlotRequest;
 using namespace std::chrono_literals;
 
+using idemgate::test::LogLines;
+
 namespace {
 
 /// The bookings writer with a hook that runs inside the transaction, before the booking.
@@ -46,24 +49,6 @@ struct HookedWriter {
                   const std::string& slot) const {
     if (*hook) (*hook)(key);
     bookings(tx, key, request, slot);
-  }
-};
-
-/// Log lines the store wrote, kept for the test to read.
-struct LogLines {
-  std::mutex mutex;
-  std::vector<std::string> lines;
-  std::function<void(std::string_view)> sink() {
-    return [this](std::string_view line) {
-      std::lock_guard lock(mutex);
-      lines.emplace_back(line);
-    };
-  }
-  std::size_t count(const std::string& text) {
-    std::lock_guard lock(mutex);
-    std::size_t n = 0;
-    for (const std::string& line : lines) n += line.find(text) != std::string::npos ? 1 : 0;
-    return n;
   }
 };
 
