@@ -116,6 +116,18 @@ class RabbitMqConsumer : public ::testing::Test {
     return false;
   }
 
+  /// Waits until `queue` holds `messages` ready messages. The broker puts a nacked or orphaned
+  /// message back asynchronously, after the consumer that held it is gone.
+  bool ready_within(const std::string& queue, std::uint32_t messages,
+                    std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (channel_->ready(queue) != messages) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(20ms);
+    }
+    return true;
+  }
+
   std::string amqp_, uri_, queue_, database_;
   ect_delta::TerminalServer terminal_;
   std::unique_ptr<amqp_example::Channel> channel_;
@@ -206,7 +218,7 @@ TEST_F(RabbitMqConsumer, AMessageSlowerThanTheGraceIsRequeuedWithItsLeaseGivenBa
   EXPECT_TRUE(first.wait_for_line("stopped", 0s));
   EXPECT_FALSE(first.wait_for_line("done " + n.notification_id + " processed ack", 0s))
       << "an unfinished message was acked";
-  EXPECT_EQ(channel_->ready(queue_), 1u) << "the unfinished message is back in the queue";
+  EXPECT_TRUE(ready_within(queue_, 1, 10s)) << "the unfinished message is not back in the queue";
 
   // The redelivery takes the event over at once: its lease was given back, so the next consumer
   // processes it instead of finding it in flight under a live lease.
