@@ -4,6 +4,7 @@
 
 #include "batch.hpp"
 #include "concepts.hpp"
+#include "detail/coalescer.hpp"
 #include "detail/crypto/sha256.hpp"
 #include "detail/durations.hpp"
 #include "detail/lru_cache.hpp"
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -29,6 +31,36 @@
 #include <vector>
 
 namespace idemgate {
+
+/// Group commit across concurrent deliveries (`GateOptions::coalesce`).
+struct Coalescing {
+  /// On: concurrent `process` calls on one gate share one reservation statement (the store's
+  /// `reserve_batch`) and one commit transaction (its `commit_each`: every business write under
+  /// its own savepoint, so one that throws costs only its own event). Worth it when many
+  /// deliveries run at once on a disk whose flush is slow (docs/performance.md): one flush then
+  /// serves a group instead of one event. The business write of an event may then run on another
+  /// caller's thread, so it must not depend on thread-local state.
+  bool enabled = false;
+  /// How long a call that finds no group forming waits for others to join its group. 0 (the
+  /// default) adds nothing to a lone delivery: it runs at once, and calls that arrive while a
+  /// group runs form the next group.
+  std::chrono::microseconds window{0};
+  /// Most events in one group (1 to 64; PostgreSQL keeps up to 64 savepoints of a transaction
+  /// in shared memory, more slow down every other session's snapshots).
+  std::size_t max_events = 32;
+  /// Groups of each kind (reservations, commits) running at once, each on its own connection.
+  std::size_t concurrent_groups = 1;
+};
+
+/// What group commit did so far (`Gate::coalescing`): groups run, and events in them.
+struct CoalescingStats {
+  /// Reservation groups run, and the reservations in them.
+  std::size_t reservation_groups = 0;
+  std::size_t reservations = 0;
+  /// Commit groups run, and the commits in them.
+  std::size_t commit_groups = 0;
+  std::size_t commits = 0;
+};
 
 /// Tuning of a `Gate`.
 struct GateOptions {
@@ -54,6 +86,8 @@ struct GateOptions {
   /// not reach the store's duplicate counter: with the cache on, watch the duplicate ratio
   /// through the observer's counts instead.
   std::size_t cache_capacity = 0;
+  /// Group commit across concurrent `process` calls; off by default (see `Coalescing`).
+  Coalescing coalesce{};
 };
 
 /// What `Gate::stop` did.
@@ -134,6 +168,7 @@ class Gate {
                              std::size_t{10'000'000},
                              "It is the committed keys remembered in this process; 0 turns the "
                              "cache off.");
+    if (options.coalesce.enabled) start_coalescing();
     if constexpr (!Downstream::honours_idempotency_key &&
                   requires { store.relaxed_reservations(); }) {
       if (store.relaxed_reservations())
@@ -168,6 +203,13 @@ class Gate {
 
   /// The observer results are reported to.
   [[nodiscard]] Observer& observer() noexcept { return observer_; }
+
+  /// What group commit did so far; zeros when `GateOptions::coalesce` is off.
+  [[nodiscard]] CoalescingStats coalescing() const {
+    if (!reserve_group_) return {};
+    return {reserve_group_->groups(), reserve_group_->items(), commit_group_->groups(),
+            commit_group_->items()};
+  }
 
   /**
    * Processes a batch of messages (an SQS receive of up to 10, or more): every key reserved in
@@ -467,7 +509,7 @@ class Gate {
     const std::string bytes = encode_request(request);
     const Fingerprint fingerprint = detail::sha256(bytes);
     if (auto hit = cache_.get(key)) return answer_cached(*hit, fingerprint);
-    const Reservation reservation = store_.reserve(key, fingerprint, bytes, options_.lease);
+    const Reservation reservation = reserve(key, fingerprint, bytes);
     if (reservation.kind == Reservation::Kind::existing) {
       remember(key, fingerprint, reservation);
       return answer_existing(reservation);
@@ -692,6 +734,8 @@ class Gate {
   CommitStatus commit_or_release(const Key& key, std::int64_t fence, const request_type& request,
                                  const outcome_type& outcome, const std::string& outcome_bytes) {
     try {
+      if (commit_group_)
+        return commit_group_->submit({key, fence, outcome_bytes, &request, &outcome});
       return store_.commit(key, fence, outcome_bytes, [&](typename Store::transaction& tx) {
         apply(tx, key, request, outcome);
       });
@@ -716,6 +760,118 @@ class Gate {
   void give_back(const std::vector<HeldLease>& held) noexcept {
     for (const HeldLease& h : held)
       give_back_one(h.key, h.fence, "the batch could not finish: the store failed");
+  }
+
+  // --- Group commit (GateOptions::coalesce). ---
+
+  // One reservation waiting for its group.
+  struct ReserveJob {
+    Key key;
+    const Fingerprint* fingerprint = nullptr;
+    std::string_view request;
+  };
+
+  // One commit waiting for its group; the pointers are its caller's, which waits meanwhile.
+  struct CommitJob {
+    Key key;
+    std::int64_t fence = 0;
+    std::string_view outcome_bytes;
+    const request_type* request = nullptr;
+    const outcome_type* outcome = nullptr;
+  };
+
+  using ReserveGroup = detail::Coalescer<ReserveJob, Reservation>;
+  using CommitGroup = detail::Coalescer<CommitJob, CommitStatus>;
+
+  void start_coalescing() {
+    const Coalescing& c = options_.coalesce;
+    detail::require_in_range("GateOptions::coalesce.window", c.window, std::chrono::microseconds(0),
+                             std::chrono::microseconds(std::chrono::seconds(1)),
+                             "It is added to a lone delivery's latency; 0 (the default) groups "
+                             "only the calls that arrive while a group runs.");
+    detail::require_in_range("GateOptions::coalesce.max_events", c.max_events, std::size_t{1},
+                             std::size_t{64},
+                             "Each event of a commit group is a savepoint; PostgreSQL keeps 64 "
+                             "per transaction in shared memory (default 32).");
+    detail::require_in_range("GateOptions::coalesce.concurrent_groups", c.concurrent_groups,
+                             std::size_t{1}, std::size_t{64},
+                             "Each running group holds one connection of the store's pool "
+                             "(default 1).");
+    const detail::CoalescerLimits limits{c.window, c.max_events, c.concurrent_groups};
+    reserve_group_ = std::make_unique<ReserveGroup>(
+        limits, [this](std::span<typename ReserveGroup::Slot* const> g) { run_reservations(g); });
+    commit_group_ = std::make_unique<CommitGroup>(
+        limits, [this](std::span<typename CommitGroup::Slot* const> g) { run_commits(g); });
+  }
+
+  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view bytes) {
+    if (reserve_group_) return reserve_group_->submit({key, &fingerprint, bytes});
+    return store_.reserve(key, fingerprint, bytes, options_.lease);
+  }
+
+  // A group of reservations in one statement where the store can; alone, or on a store without
+  // `reserve_batch`, one by one, each answered or failed on its own.
+  void run_reservations(std::span<typename ReserveGroup::Slot* const> group) {
+    if constexpr (requires(std::span<const ReserveItem> items) {
+                    store_.reserve_batch(items, options_.lease);
+                  }) {
+      if (group.size() > 1) {
+        std::vector<ReserveItem> items;
+        items.reserve(group.size());
+        for (const auto* slot : group)
+          items.push_back({slot->item.key, *slot->item.fingerprint, slot->item.request});
+        std::vector<Reservation> reservations = store_.reserve_batch(items, options_.lease);
+        for (std::size_t i = 0; i < group.size(); ++i)
+          group[i]->answer = std::move(reservations.at(i));
+        return;
+      }
+    }
+    for (auto* slot : group) {
+      const ReserveJob& job = slot->item;
+      try {
+        slot->answer = store_.reserve(job.key, *job.fingerprint, job.request, options_.lease);
+      } catch (...) {
+        slot->error = std::current_exception();
+      }
+    }
+  }
+
+  // A group of commits in one transaction, each under its own savepoint, where the store can;
+  // alone, or on a store without `commit_each`, one by one.
+  void run_commits(std::span<typename CommitGroup::Slot* const> group) {
+    if constexpr (requires(std::span<const CommitItem> items) {
+                    store_.commit_each(items, [](typename Store::transaction&, std::size_t) {});
+                  }) {
+      if (group.size() > 1) {
+        std::vector<CommitItem> items;
+        items.reserve(group.size());
+        for (const auto* slot : group)
+          items.push_back({slot->item.key, slot->item.fence, slot->item.outcome_bytes});
+        const std::vector<ItemCommit> answers =
+            store_.commit_each(items, [&](typename Store::transaction& tx, std::size_t i) {
+              const CommitJob& job = group[i]->item;
+              apply(tx, job.key, *job.request, *job.outcome);
+            });
+        for (std::size_t i = 0; i < group.size(); ++i) {
+          if (answers.at(i).error)
+            group[i]->error = answers[i].error;
+          else
+            group[i]->answer = answers[i].status;
+        }
+        return;
+      }
+    }
+    for (auto* slot : group) {
+      const CommitJob& job = slot->item;
+      try {
+        slot->answer = store_.commit(job.key, job.fence, job.outcome_bytes,
+                                     [&](typename Store::transaction& tx) {
+                                       apply(tx, job.key, *job.request, *job.outcome);
+                                     });
+      } catch (...) {
+        slot->error = std::current_exception();
+      }
+    }
   }
 
   static NullObserver& null_observer() noexcept {
@@ -787,6 +943,9 @@ class Gate {
   bool stopping_ = false;
   std::size_t active_calls_ = 0;
   std::size_t running_at_stop_ = 0;
+  // Group commit, when on.
+  std::unique_ptr<ReserveGroup> reserve_group_;
+  std::unique_ptr<CommitGroup> commit_group_;
   // Last: its thread stops first when the gate goes away.
   detail::Heartbeat<Store> heartbeat_;
 };

@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -191,6 +192,15 @@ struct CommitItem {
   std::int64_t fence = 0;
   /// The outcome's bytes.
   std::string_view result;
+};
+
+/// What became of one item of a group commit (`commit_each`).
+struct ItemCommit {
+  /// `committed`, or `lost_lease` when its fence no longer held (then nothing of it was written).
+  CommitStatus status = CommitStatus::lost_lease;
+  /// What its business write (or its fenced update) threw, when it threw: nothing of the item
+  /// was committed, and the other items of the group were not affected.
+  std::exception_ptr error;
 };
 
 /// The three signals of a gate, read from its store over a window, plus the rows that need a

@@ -1067,6 +1067,153 @@ class PostgresStore {
     }
   }
 
+  /**
+   * Commits many outcomes in one transaction (one WAL flush), each item under its own savepoint:
+   * `business(tx, index)` and the item's fenced update. An item whose fence no longer holds, or
+   * whose business write (or update) throws, is rolled back to its savepoint alone: the others
+   * commit. Answers one `ItemCommit` per item, in order; a thrown item's answer carries what it
+   * threw. A business write that broke the whole transaction (see `commit`) is answered with
+   * `BusinessWriteError` and the group runs again without it, from the start. A broken
+   * connection is retried like `commit`'s, asking after an in-doubt COMMIT which items landed;
+   * throws `StoreError` when `commit_attempts` run out. `Gate` uses it for group commit
+   * (`GateOptions::coalesce`).
+   */
+  template <class BusinessWrite>
+  std::vector<ItemCommit> commit_each(std::span<const CommitItem> items, BusinessWrite&& business) {
+    std::vector<ItemCommit> answers(items.size());
+    std::vector<std::size_t> open(items.size());  // the items still to commit
+    for (std::size_t i = 0; i < items.size(); ++i) open[i] = i;
+    std::vector<std::string> key_params;
+    key_params.reserve(items.size());
+    for (const CommitItem& item : items)
+      key_params.push_back(detail::pq::bytea_param(item.key.view()));
+    // The items the last attempt's COMMIT carried, when it may have landed unheard.
+    std::vector<std::size_t> in_doubt;
+    std::size_t restarts = 0;
+    for (int attempt = 1;;) {
+      std::string why;
+      try {
+        auto lease = pool_.acquire();
+        try {
+          if (!in_doubt.empty()) {
+            // One transaction: all of it landed, or none. Ask each item's row.
+            pqxx::nontransaction check(lease.connection());
+            std::vector<std::optional<CommitStatus>> settled;
+            bool landed = false;
+            for (std::size_t i : in_doubt) {
+              settled.push_back(settled_state(lease, check, key_params[i], items[i].fence,
+                                              RecordStatus::committed));
+              landed = landed || settled.back() == CommitStatus::committed;
+            }
+            if (landed) {
+              for (std::size_t k = 0; k < in_doubt.size(); ++k)
+                answers[in_doubt[k]].status = settled[k].value_or(CommitStatus::lost_lease);
+              for (std::size_t i : open)  // refused by that attempt
+                if (std::find(in_doubt.begin(), in_doubt.end(), i) == in_doubt.end())
+                  answers[i].status = settled_earlier(lease, check, key_params[i], items[i].fence,
+                                                      RecordStatus::committed);
+              return answers;
+            }
+            in_doubt.clear();
+          }
+          std::vector<std::size_t> included, refused;
+          bool broke = false;  // an item broke the transaction: start again without it
+          {
+            pqxx::work tx(lease.connection());
+            for (std::size_t k = 0; k < open.size();) {
+              const std::size_t i = open[k];
+              detail::pq::exec(tx, k == 0 ? "SAVEPOINT idemgate_item"
+                                          : "RELEASE SAVEPOINT idemgate_item; "
+                                            "SAVEPOINT idemgate_item");
+              try {
+                run_business_write(items[i].key, [&] { business(tx, i); });
+                const pqxx::result updated = fenced_update(
+                    tx, fenced_update_sql(items[i].key, items[i].fence, items[i].result),
+                    items[i].key);
+                if (detail::pq::affected_rows(updated) > 0) {
+                  included.push_back(i);
+                  ++k;
+                  continue;
+                }
+                refused.push_back(i);
+                ++k;
+              } catch (const pqxx::broken_connection&) {
+                throw;
+              } catch (const BusinessWriteError&) {
+                answers[i].error = std::current_exception();
+                open.erase(open.begin() + static_cast<std::ptrdiff_t>(k));
+                broke = true;
+                break;
+              } catch (const pqxx::sql_error& e) {
+                if (reconnectable(e)) throw;
+                throw_if_log_schema_error(e);
+                answers[i].error = std::current_exception();
+                open.erase(open.begin() + static_cast<std::ptrdiff_t>(k));
+              } catch (...) {
+                answers[i].error = std::current_exception();
+                open.erase(open.begin() + static_cast<std::ptrdiff_t>(k));
+              }
+              if (!rolled_back_to_savepoint(tx)) {
+                broke = true;  // libpqxx ended the transaction with the failed statement
+                break;
+              }
+            }
+            if (!broke) {
+              in_doubt = included;  // from here on, the COMMIT may land whatever we hear back
+              tx.commit();
+              in_doubt.clear();
+            }
+          }
+          if (broke) {
+            if (++restarts > items.size())
+              throw StoreError("idemgate: the group commit of " + std::to_string(items.size()) +
+                               " events could not keep its transaction open; nothing was "
+                               "committed. Do not ack: the redelivery or the reconciler "
+                               "finishes them.");
+            continue;  // nothing of this attempt committed; the others go again
+          }
+          for (std::size_t i : included) answers[i].status = CommitStatus::committed;
+          if (!refused.empty()) {
+            // Zero rows: this fence's own earlier attempt may have committed (a retried commit).
+            pqxx::nontransaction check(lease.connection());
+            for (std::size_t i : refused)
+              answers[i].status = settled_earlier(lease, check, key_params[i], items[i].fence,
+                                                  RecordStatus::committed);
+          }
+          return answers;
+        } catch (const StoreError&) {
+          throw;
+        } catch (const pqxx::broken_connection& e) {
+          lease.mark_broken();
+          why = e.what();
+        } catch (const pqxx::in_doubt_error& e) {
+          lease.mark_broken();
+          why = e.what();
+        } catch (const pqxx::sql_error& e) {
+          if (!reconnectable(e)) {
+            throw_if_log_schema_error(e);
+            throw;
+          }
+          lease.mark_broken();
+          why = e.what();
+        }
+      } catch (const detail::ConnectionUnavailable& e) {
+        why = e.what();
+      }
+      if (attempt >= options_.commit_attempts)
+        throw StoreError("idemgate: the group commit of " + std::to_string(open.size()) +
+                         " events failed " + std::to_string(attempt) + " times (" + trimmed(why) +
+                         "); nothing was committed, or it could not be confirmed. Do not ack: "
+                         "the redelivery or the reconciler finishes them.");
+      const auto pause = backoff(attempt);
+      log("idemgate: group commit attempt " + std::to_string(attempt) + " of " +
+          std::to_string(options_.commit_attempts) + " failed (" + trimmed(why) +
+          "); trying again in " + detail::describe(pause) + ".");
+      std::this_thread::sleep_for(pause);
+      ++attempt;
+    }
+  }
+
   /// Connections the store closed because a statement went unanswered for
   /// `PostgresOptions::reply_timeout` (a partition that nothing else reported).
   [[nodiscard]] std::size_t connections_cut() const noexcept {
@@ -1426,6 +1573,19 @@ class PostgresStore {
     } catch (const pqxx::sql_error& e) {
       if (ended_transaction(e)) throw broken_transaction(key, e.what());
       throw;
+    }
+  }
+
+  // Undoes the current item of a group commit; false when the transaction is gone (libpqxx 6.4
+  // ends it with a failed statement), so the group must start again.
+  static bool rolled_back_to_savepoint(pqxx::work& tx) {
+    try {
+      detail::pq::exec(tx, "ROLLBACK TO SAVEPOINT idemgate_item");
+      return true;
+    } catch (const pqxx::broken_connection&) {
+      throw;
+    } catch (const std::exception&) {
+      return false;
     }
   }
 

@@ -366,52 +366,101 @@ class SqliteStore {
   /// the lease runs from the moment the write lock is held.
   Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
                       std::chrono::milliseconds lease) {
-    const SqliteBlob fingerprint_blob{
-        {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()}};
     return run("reserving a key", &key, [&]() -> Reservation {
       begin();
       // Read after the write lock is held: time spent waiting must not shorten the lease.
-      const std::int64_t now = now_micros();
-      const std::int64_t until = detail::sqlite::later(now, lease);
-      Reservation found;
-      bool take_over = false;
-      {
-        auto& upsert = statement(sql_.reserve);
-        detail::sqlite::ResetGuard guard(upsert);
-        upsert.bind("reserving a key", key, until, fingerprint_blob, SqliteBlob{request}, now);
-        if (!upsert.step("reserving a key"))
-          throw StoreError("idemgate: the reservation of key " + key.hex() + " in " + table_ +
-                           " returned no row; check the table's PRIMARY KEY (compare it with "
-                           "SqliteStore::schema_sql())");
-        // A new row starts at 0 duplicates; a row that was met has at least 1 after the update.
-        if (upsert.int64(0) == 0) {
-          const std::int64_t fence = upsert.int64(1);
-          upsert.reset();
-          end("reserving a key");
-          return Reservation::acquired(fence);
-        }
-        const std::string stored_fingerprint = upsert.bytes(3);
-        const bool same =
-            stored_fingerprint.size() == fingerprint.size() &&
-            std::memcmp(stored_fingerprint.data(), fingerprint.data(), fingerprint.size()) == 0;
-        found = Reservation::existing(upsert.int64(1), parse_record_status(upsert.bytes(2)), same,
-                                      upsert.bytes(5), upsert.bytes(6));
-        take_over = found.status == RecordStatus::in_flight && same && upsert.int64(4) < now;
-      }
-      if (take_over) {
-        auto& take = statement(sql_.take_over);
-        detail::sqlite::ResetGuard guard(take);
-        take.bind("taking over a lease", key, found.fence, until, now);
-        if (take.step("taking over a lease")) {
-          const std::int64_t taken = take.int64(0);
-          take.reset();
-          end("taking over a lease");
-          return Reservation::taken_over(taken);
-        }
-      }
-      // The duplicate counted above is kept.
+      Reservation reservation = reserve_row(key, fingerprint, request, now_micros(), lease);
       end("reserving a key");
-      return found;
+      return reservation;
+    });
+  }
+
+  /// Reserves many keys in one write transaction (one sync of the log), each as `reserve` would:
+  /// one reservation per item, in order. Keys must be distinct. All or nothing: when it throws,
+  /// none of them was reserved. `Gate` uses it for group commit (`GateOptions::coalesce`).
+  std::vector<Reservation> reserve_batch(std::span<const ReserveItem> items,
+                                         std::chrono::milliseconds lease) {
+    return run("reserving keys", nullptr, [&] {
+      begin();
+      const std::int64_t now = now_micros();
+      std::vector<Reservation> reservations;
+      reservations.reserve(items.size());
+      for (const ReserveItem& item : items)
+        reservations.push_back(reserve_row(item.key, item.fingerprint, item.request, now, lease));
+      end("reserving keys");
+      return reservations;
+    });
+  }
+
+  /**
+   * Commits many outcomes in one write transaction (one sync), each item under its own savepoint:
+   * its fenced update and `business(tx, index)`. An item whose fence no longer holds, or whose
+   * business write throws, is rolled back to its savepoint alone: the others commit. Answers one
+   * `ItemCommit` per item, in order; a thrown item's answer carries what it threw. A business
+   * write that ended the whole transaction (see `commit`) is answered with its
+   * `BusinessWriteError`, and the group runs again without it. `Gate` uses it for group commit
+   * (`GateOptions::coalesce`).
+   */
+  template <class BusinessWrite>
+  std::vector<ItemCommit> commit_each(std::span<const CommitItem> items, BusinessWrite&& business) {
+    std::vector<ItemCommit> answers(items.size());
+    std::vector<std::size_t> open(items.size());  // the items still to commit
+    for (std::size_t i = 0; i < items.size(); ++i) open[i] = i;
+    return run("committing a group", nullptr, [&] {
+      for (std::size_t restarts = 0;; ++restarts) {
+        begin();
+        const std::int64_t now = now_micros();
+        std::vector<std::size_t> included;
+        bool broke = false;  // an item ended the transaction: start again without it
+        for (std::size_t k = 0; k < open.size();) {
+          const std::size_t i = open[k];
+          const CommitItem& item = items[i];
+          simple("SAVEPOINT idemgate_item", "committing a group");
+          try {
+            if (change(sql_.commit, "committing", item.key, item.fence, SqliteBlob{item.result},
+                       now) == 0) {
+              answers[i].status = settled_earlier(item.key, item.fence, RecordStatus::committed);
+            } else {
+              auto write = [&](SqliteTransaction& tx) { business(tx, i); };
+              run_business(item.key, item.fence, now, write);
+              simple("RELEASE SAVEPOINT idemgate_item", "committing a group");
+              included.push_back(i);
+              ++k;
+              continue;
+            }
+          } catch (const detail::sqlite::Error& e) {
+            if (e.busy()) throw;  // the whole unit: run() decides
+            answers[i].error = std::current_exception();
+          } catch (...) {
+            answers[i].error = std::current_exception();
+          }
+          open.erase(open.begin() + static_cast<std::ptrdiff_t>(k));  // settled on its own
+          if (!rolled_back_to_savepoint()) {
+            broke = true;
+            break;
+          }
+        }
+        if (!broke) {
+          try {
+            end("committing a group");
+          } catch (const detail::sqlite::Error& e) {
+            if (e.busy()) throw;
+            throw StoreError(std::string(e.what()) + " The group commit of " +
+                             std::to_string(included.size()) +
+                             " events could not be confirmed. Do not ack: the rows stay in "
+                             "flight and a redelivery after their lease, or the reconciler, "
+                             "finishes them.");
+          }
+          for (std::size_t i : included) answers[i].status = CommitStatus::committed;
+          return answers;
+        }
+        rollback();
+        if (restarts >= items.size())
+          throw StoreError("idemgate: the group commit of " + std::to_string(items.size()) +
+                           " events on " + path_ +
+                           " could not keep its transaction open; nothing was committed. Do "
+                           "not ack: the redelivery or the reconciler finishes them.");
+      }
     });
   }
 
@@ -917,6 +966,47 @@ class SqliteStore {
     });
   }
 
+  // The body of `reserve` inside an open write transaction, at `now`.
+  Reservation reserve_row(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                          std::int64_t now, std::chrono::milliseconds lease) {
+    const SqliteBlob fingerprint_blob{
+        {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()}};
+    const std::int64_t until = detail::sqlite::later(now, lease);
+    Reservation found;
+    bool take_over = false;
+    {
+      auto& upsert = statement(sql_.reserve);
+      detail::sqlite::ResetGuard guard(upsert);
+      upsert.bind("reserving a key", key, until, fingerprint_blob, SqliteBlob{request}, now);
+      if (!upsert.step("reserving a key"))
+        throw StoreError("idemgate: the reservation of key " + key.hex() + " in " + table_ +
+                         " returned no row; check the table's PRIMARY KEY (compare it with "
+                         "SqliteStore::schema_sql())");
+      // A new row starts at 0 duplicates; a row that was met has at least 1 after the update.
+      if (upsert.int64(0) == 0) {
+        const std::int64_t fence = upsert.int64(1);
+        return Reservation::acquired(fence);
+      }
+      const std::string stored_fingerprint = upsert.bytes(3);
+      const bool same =
+          stored_fingerprint.size() == fingerprint.size() &&
+          std::memcmp(stored_fingerprint.data(), fingerprint.data(), fingerprint.size()) == 0;
+      found = Reservation::existing(upsert.int64(1), parse_record_status(upsert.bytes(2)), same,
+                                    upsert.bytes(5), upsert.bytes(6));
+      take_over = found.status == RecordStatus::in_flight && same && upsert.int64(4) < now;
+    }
+    if (take_over) {
+      auto& take = statement(sql_.take_over);
+      detail::sqlite::ResetGuard guard(take);
+      take.bind("taking over a lease", key, found.fence, until, now);
+      if (take.step("taking over a lease")) {
+        return Reservation::taken_over(take.int64(0));
+      }
+    }
+    // The duplicate counted above is kept.
+    return found;
+  }
+
   detail::sqlite::Statement& statement(const std::string& sql) {
     auto it = cache_.find(sql);
     if (it == cache_.end())
@@ -1189,6 +1279,26 @@ class SqliteStore {
       throw StoreError(std::string(e.what()) + " The commit of key " + key.hex() +
                        " could not be confirmed. Do not ack: the row stays in flight and a "
                        "redelivery after its lease, or the reconciler, finishes it.");
+    }
+  }
+
+  // Runs one statement without parameters or rows (a savepoint's).
+  void simple(const char* sql, std::string_view doing) {
+    auto& step = statement(sql);
+    step.bind(doing);
+    step.step(doing);
+    step.reset();
+  }
+
+  // Undoes the current item of a group commit; false when the transaction is gone.
+  bool rolled_back_to_savepoint() {
+    if (sqlite3_get_autocommit(db_.get()) != 0) return false;
+    try {
+      simple("ROLLBACK TO SAVEPOINT idemgate_item", "committing a group");
+      simple("RELEASE SAVEPOINT idemgate_item", "committing a group");
+      return true;
+    } catch (const detail::sqlite::Error&) {
+      return false;
     }
   }
 

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: MIT
+// Group commit: the work items of concurrent callers, run as one group by one of them.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace idemgate::detail {
+
+/// How a `Coalescer` forms its groups.
+struct CoalescerLimits {
+  /// How long a caller that finds no group running waits for others to join its group; 0 runs
+  /// it at once (a caller then still joins a group that forms while another one runs).
+  std::chrono::microseconds window{0};
+  /// Most items in one group.
+  std::size_t max_group = 32;
+  /// Most groups running at once.
+  std::size_t max_running = 1;
+};
+
+/**
+ * Groups the items that concurrent callers submit, and has one of the callers (the leader) run
+ * each group for all of them: the group-commit pattern. A caller that finds fewer than
+ * `max_running` groups running leads a new group at once (after the window, if any); the others
+ * queue, and the next leader takes every queued item, up to `max_group`. Items with equal keys
+ * never share a group: a later one waits for the next, so it sees what the earlier one wrote.
+ *
+ * `Item` has a `key` member compared with `==`. The runner fills each slot's `answer`, or its
+ * `error`; whatever the runner throws becomes the error of every slot it left unanswered.
+ */
+template <class Item, class Answer>
+class Coalescer {
+ public:
+  /// One submitted item, its answer once the group ran, or what it threw.
+  struct Slot {
+    /// What the caller submitted.
+    Item item;
+    /// The runner's answer.
+    std::optional<Answer> answer;
+    /// What the runner threw for this item (rethrown to its caller).
+    std::exception_ptr error;
+    // Taken into a group; its group ran.
+    bool taken = false;
+    bool done = false;
+  };
+
+  /// Runs a group: answers every slot, or throws.
+  using Runner = std::function<void(std::span<Slot* const>)>;
+
+  /// A coalescer whose groups `run` runs.
+  Coalescer(CoalescerLimits limits, Runner run) : limits_(limits), run_(std::move(run)) {
+    if (limits_.max_group == 0 || limits_.max_running == 0)
+      throw std::invalid_argument("idemgate: a coalescer needs groups of at least one item");
+  }
+
+  Coalescer(const Coalescer&) = delete;
+  Coalescer& operator=(const Coalescer&) = delete;
+
+  /// Runs `item` in a group, led by this caller or another, and returns its answer (or rethrows
+  /// what its run threw).
+  Answer submit(Item item) {
+    Slot slot{std::move(item), std::nullopt, nullptr};
+    {
+      std::unique_lock lock(mutex_);
+      queued_.push_back(&slot);
+      changed_.notify_all();
+      while (!slot.done) {
+        if (!slot.taken && running_ < limits_.max_running) {
+          lead(lock, slot);
+          break;
+        }
+        changed_.wait(lock);
+      }
+    }
+    if (slot.error) std::rethrow_exception(slot.error);
+    if (!slot.answer)
+      throw std::logic_error("idemgate: a coalesced group left an item without an answer");
+    return std::move(*slot.answer);
+  }
+
+  /// Groups run so far (for tests and the benchmark).
+  [[nodiscard]] std::size_t groups() const {
+    std::lock_guard lock(mutex_);
+    return groups_;
+  }
+
+  /// Items waiting for a group.
+  [[nodiscard]] std::size_t waiting() const {
+    std::lock_guard lock(mutex_);
+    return queued_.size();
+  }
+
+  /// Items run in those groups.
+  [[nodiscard]] std::size_t items() const {
+    std::lock_guard lock(mutex_);
+    return items_;
+  }
+
+ private:
+  // With the lock held: forms a group around `own`, runs it unlocked, answers its callers.
+  void lead(std::unique_lock<std::mutex>& lock, Slot& own) {
+    ++running_;
+    take(own);
+    std::vector<Slot*> group{&own};
+    if (limits_.window > std::chrono::microseconds(0)) {
+      const auto until = std::chrono::steady_clock::now() + limits_.window;
+      changed_.wait_until(lock, until, [&] { return queued_.size() + 1 >= limits_.max_group; });
+    }
+    for (std::size_t i = 0; i < queued_.size() && group.size() < limits_.max_group;) {
+      Slot* next = queued_[i];
+      bool same_key = false;
+      for (const Slot* member : group) same_key = same_key || member->item.key == next->item.key;
+      if (same_key) {
+        ++i;
+        continue;
+      }
+      take(*next);
+      group.push_back(next);
+    }
+    ++groups_;
+    items_ += group.size();
+    lock.unlock();
+    try {
+      run_(std::span<Slot* const>(group));
+    } catch (...) {
+      for (Slot* s : group)
+        if (!s->answer && !s->error) s->error = std::current_exception();
+    }
+    lock.lock();
+    for (Slot* s : group) s->done = true;
+    --running_;
+    changed_.notify_all();
+  }
+
+  void take(Slot& slot) {
+    slot.taken = true;
+    std::erase(queued_, &slot);
+  }
+
+  const CoalescerLimits limits_;
+  const Runner run_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<Slot*> queued_;  // submitted, not yet in a group (oldest first)
+  std::size_t running_ = 0;
+  std::size_t groups_ = 0;
+  std::size_t items_ = 0;
+};
+
+}  // namespace idemgate::detail
