@@ -11,6 +11,8 @@
 //   postgres/gate_16_workers 16 threads sharing one gate over a pool of 16 connections (many
 //                            deliveries at once: the database's group commit is what they share);
 //                            --worker-events / 4 events per thread, as many as 4 workers run
+//   postgres/gate_16_workers_coalesced  the same with GateOptions::coalesce (window 0)
+//   postgres/gate_coalesced  one gated event through a coalescing gate, alone (window 0)
 //   postgres/reserve         the reservation alone, on --growth-table (reserve cost vs size)
 // Latencies are per event (p50_us, p99_us); throughput is events_per_s. Every connection is
 // opened once per process and warmed up before it is timed, the gate's and the baselines' alike.
@@ -133,10 +135,23 @@ GatedStore& worker_gate_16() {
   return gated;
 }
 
-// Coalesced commits (GateOptions::coalesce) are not in the gate yet. When they are, a
-// `worker_gate_16_coalesced()` with that option on, registered as
-// "postgres/gate_16_workers_coalesced" beside "postgres/gate_16_workers" below, gives
-// bench_report the figure for gate_16w_coalesced_vs_gate_16w (see its ratio table).
+// Group commit (GateOptions::coalesce), window 0: the 16 workers' calls that arrive while a
+// group runs share the next group's reservation statement and commit transaction.
+idemgate::GateOptions coalescing() {
+  idemgate::GateOptions options;
+  options.coalesce.enabled = true;
+}
+
+GatedStore& worker_gate_16_coalesced() {
+  static GatedStore gated(settings.uri, store_options(16), coalescing());
+  return gated;
+}
+
+// A lone delivery through a coalescing gate (nothing else waiting, window 0).
+GatedStore& coalescing_gate() {
+  static GatedStore gated(settings.uri, store_options(1), coalescing());
+  return gated;
+}
 
 void gated_event(benchmark::State& state, GatedStore& (*gated)()) {
   guarded(state, [&] {
@@ -318,6 +333,16 @@ void gate_workers(benchmark::State& state, GatedStore& (*gated)()) {
     for (auto _ : state) event();
     state.counters["events_per_s"] =
         benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+    if (state.thread_index() == 0) {
+      // Group commit's groups so far in this process (zero without it).
+      const idemgate::CoalescingStats c = gate.coalescing();
+      if (c.commit_groups > 0) {
+        state.counters["commits_per_group"] =
+            static_cast<double>(c.commits) / static_cast<double>(c.commit_groups);
+        state.counters["reservations_per_group"] =
+            static_cast<double>(c.reservations) / static_cast<double>(c.reservation_groups);
+      }
+    }
   });
 }
 
@@ -379,6 +404,7 @@ int main(int argc, char** argv) {
   };
   latency(benchmark::RegisterBenchmark("postgres/gate", gated_event, &durable_gate));
   latency(benchmark::RegisterBenchmark("postgres/gate_relaxed", gated_event, &relaxed_gate));
+  latency(benchmark::RegisterBenchmark("postgres/gate_coalesced", gated_event, &coalescing_gate));
   benchmark::RegisterBenchmark("postgres/gate_batch10", gated_batch)
       ->Iterations(std::max<std::int64_t>(settings.events / 4, 3))
       ->UseRealTime()
@@ -397,7 +423,12 @@ int main(int argc, char** argv) {
       ->Iterations(std::max<std::int64_t>(settings.worker_events / 4, 10))
       ->UseRealTime()
       ->Unit(benchmark::kMicrosecond);
-  // The place of "postgres/gate_16_workers_coalesced" once GateOptions::coalesce exists.
+  benchmark::RegisterBenchmark("postgres/gate_16_workers_coalesced", gate_workers,
+                               &worker_gate_16_coalesced)
+      ->Threads(16)
+      ->Iterations(std::max<std::int64_t>(settings.worker_events / 4, 10))
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
   if (!settings.growth_table.empty())
     latency(benchmark::RegisterBenchmark("postgres/reserve", reserve_only));
   return idemgate::bench::run_benchmarks(argc, argv);

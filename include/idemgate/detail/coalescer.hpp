@@ -42,6 +42,9 @@ class Coalescer {
  public:
   /// One submitted item, its answer once the group ran, or what it threw.
   struct Slot {
+    /// A slot for `submitted`.
+    explicit Slot(Item submitted) : item(std::move(submitted)) {}
+
     /// What the caller submitted.
     Item item;
     /// The runner's answer.
@@ -51,6 +54,8 @@ class Coalescer {
     // Taken into a group; its group ran.
     bool taken = false;
     bool done = false;
+    // Wakes this caller alone: its group ran, it may lead, or (leading) another item came.
+    std::condition_variable wake;
   };
 
   /// Runs a group: answers every slot, or throws.
@@ -68,17 +73,17 @@ class Coalescer {
   /// Runs `item` in a group, led by this caller or another, and returns its answer (or rethrows
   /// what its run threw).
   Answer submit(Item item) {
-    Slot slot{std::move(item), std::nullopt, nullptr};
+    Slot slot{std::move(item)};
     {
       std::unique_lock lock(mutex_);
       queued_.push_back(&slot);
-      changed_.notify_all();
+      for (Slot* leader : gathering_) leader->wake.notify_one();
       while (!slot.done) {
         if (!slot.taken && running_ < limits_.max_running) {
           lead(lock, slot);
           break;
         }
-        changed_.wait(lock);
+        slot.wake.wait(lock);
       }
     }
     if (slot.error) std::rethrow_exception(slot.error);
@@ -113,7 +118,9 @@ class Coalescer {
     std::vector<Slot*> group{&own};
     if (limits_.window > std::chrono::microseconds(0)) {
       const auto until = std::chrono::steady_clock::now() + limits_.window;
-      changed_.wait_until(lock, until, [&] { return queued_.size() + 1 >= limits_.max_group; });
+      gathering_.push_back(&own);
+      own.wake.wait_until(lock, until, [&] { return queued_.size() + 1 >= limits_.max_group; });
+      std::erase(gathering_, &own);
     }
     for (std::size_t i = 0; i < queued_.size() && group.size() < limits_.max_group;) {
       Slot* next = queued_[i];
@@ -136,9 +143,13 @@ class Coalescer {
         if (!s->answer && !s->error) s->error = std::current_exception();
     }
     lock.lock();
-    for (Slot* s : group) s->done = true;
+    for (Slot* s : group) {
+      s->done = true;
+      if (s != &own) s->wake.notify_one();
+    }
     --running_;
-    changed_.notify_all();
+    // The oldest waiting item leads the next group (unless a new caller took it first).
+    if (!queued_.empty()) queued_.front()->wake.notify_one();
   }
 
   void take(Slot& slot) {
@@ -149,8 +160,8 @@ class Coalescer {
   const CoalescerLimits limits_;
   const Runner run_;
   mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::vector<Slot*> queued_;  // submitted, not yet in a group (oldest first)
+  std::vector<Slot*> queued_;     // submitted, not yet in a group (oldest first)
+  std::vector<Slot*> gathering_;  // leaders waiting out their window
   std::size_t running_ = 0;
   std::size_t groups_ = 0;
   std::size_t items_ = 0;

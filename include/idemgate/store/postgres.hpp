@@ -1069,13 +1069,14 @@ class PostgresStore {
 
   /**
    * Commits many outcomes in one transaction (one WAL flush), each item under its own savepoint:
-   * `business(tx, index)` and the item's fenced update. An item whose fence no longer holds, or
-   * whose business write (or update) throws, is rolled back to its savepoint alone: the others
-   * commit. Answers one `ItemCommit` per item, in order; a thrown item's answer carries what it
-   * threw. A business write that broke the whole transaction (see `commit`) is answered with
-   * `BusinessWriteError` and the group runs again without it, from the start. A broken
-   * connection is retried like `commit`'s, asking after an in-doubt COMMIT which items landed;
-   * throws `StoreError` when `commit_attempts` run out. `Gate` uses it for group commit
+   * the item's fenced update, then `business(tx, index)` when the fence held. An item whose fence
+   * no longer holds is not written, and one whose business write throws is rolled back to its
+   * savepoint alone: the others commit. Answers one `ItemCommit` per item, in order; a thrown
+   * item's answer carries what it threw. A business write that broke the whole transaction (see
+   * `commit`) is answered with `BusinessWriteError` and the group runs again without it, from the
+   * start. A broken connection is retried like `commit`'s, asking after an in-doubt COMMIT which
+   * items landed; throws `StoreError` when `commit_attempts` run out. `Gate` uses it for group
+   * commit
    * (`GateOptions::coalesce`).
    */
   template <class BusinessWrite>
@@ -1120,23 +1121,39 @@ class PostgresStore {
           bool broke = false;  // an item broke the transaction: start again without it
           {
             pqxx::work tx(lease.connection());
+            // Per item: one round trip for its savepoint and fenced update (the savepoint ends
+            // the previous item's, and is sent through libpqxx's checked path: a previous
+            // business write that broke the transaction is caught there), one or more for its
+            // business write.
+            std::optional<std::size_t> last;  // the item whose business write ran last
             for (std::size_t k = 0; k < open.size();) {
               const std::size_t i = open[k];
-              detail::pq::exec(tx, k == 0 ? "SAVEPOINT idemgate_item"
-                                          : "RELEASE SAVEPOINT idemgate_item; "
-                                            "SAVEPOINT idemgate_item");
+              std::string sql = k == 0 ? "SAVEPOINT idemgate_item; "
+                                       : "RELEASE SAVEPOINT idemgate_item; "
+                                         "SAVEPOINT idemgate_item; ";
+              sql += fenced_update_sql(items[i].key, items[i].fence, items[i].result);
+              pqxx::result updated;
+              try {
+                updated = fenced_update(tx, sql, last ? items[*last].key : items[i].key);
+              } catch (const BusinessWriteError&) {
+                if (!last) throw;
+                answers[*last].error = std::current_exception();
+                std::erase(open, *last);
+                broke = true;
+                break;
+              }
+              if (detail::pq::affected_rows(updated) == 0) {
+                refused.push_back(i);  // its business write is not run
+                last.reset();
+                ++k;
+                continue;
+              }
               try {
                 run_business_write(items[i].key, [&] { business(tx, i); });
-                const pqxx::result updated = fenced_update(
-                    tx, fenced_update_sql(items[i].key, items[i].fence, items[i].result),
-                    items[i].key);
-                if (detail::pq::affected_rows(updated) > 0) {
-                  included.push_back(i);
-                  ++k;
-                  continue;
-                }
-                refused.push_back(i);
+                included.push_back(i);
+                last = i;
                 ++k;
+                continue;
               } catch (const pqxx::broken_connection&) {
                 throw;
               } catch (const BusinessWriteError&) {
@@ -1148,14 +1165,24 @@ class PostgresStore {
                 if (reconnectable(e)) throw;
                 throw_if_log_schema_error(e);
                 answers[i].error = std::current_exception();
-                open.erase(open.begin() + static_cast<std::ptrdiff_t>(k));
               } catch (...) {
                 answers[i].error = std::current_exception();
-                open.erase(open.begin() + static_cast<std::ptrdiff_t>(k));
               }
+              open.erase(open.begin() + static_cast<std::ptrdiff_t>(k));
+              last.reset();
               if (!rolled_back_to_savepoint(tx)) {
                 broke = true;  // libpqxx ended the transaction with the failed statement
                 break;
+              }
+            }
+            if (!broke && last) {
+              // The last business write is checked like the others: by a statement after it.
+              try {
+                fenced_update(tx, "RELEASE SAVEPOINT idemgate_item", items[*last].key);
+              } catch (const BusinessWriteError&) {
+                answers[*last].error = std::current_exception();
+                std::erase(open, *last);
+                broke = true;
               }
             }
             if (!broke) {
