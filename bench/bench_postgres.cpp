@@ -140,6 +140,7 @@ GatedStore& worker_gate_16() {
 idemgate::GateOptions coalescing() {
   idemgate::GateOptions options;
   options.coalesce.enabled = true;
+  return options;
 }
 
 GatedStore& worker_gate_16_coalesced() {
