@@ -279,13 +279,13 @@ class HandLoop {
     bind_blob(r, 3, {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
     bind_blob(r, 4, request_);
     sqlite3_bind_int64(r, 5, now);
-    if (!reserve_->step() || sqlite3_column_int64(r, 0) != 0) {
-      reserve_->reset();
+    reserve_->run();
+    if (sqlite3_changes(db_) != 1) {
       end_->run();
       throw std::runtime_error("the hand loop met an existing key");
     }
-    const std::int64_t fence = sqlite3_column_int64(r, 1);
-    reserve_->reset();
+    // A new row's fence.
+    const std::int64_t fence = 1;
     end_->run();
 
     const std::int64_t committed_at = now_micros();

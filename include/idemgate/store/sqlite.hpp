@@ -361,9 +361,9 @@ class SqliteStore {
     });
   }
 
-  /// Inserts the key as in flight, or counts a duplicate and reports what is stored, in one
-  /// statement; takes over an expired lease with a fence bump. All in one write transaction;
-  /// the lease runs from the moment the write lock is held.
+  /// Inserts the key as in flight, or counts a duplicate and reports what is stored; takes over
+  /// an expired lease with a fence bump. All in one write transaction; the lease runs from the
+  /// moment the write lock is held.
   Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
                       std::chrono::milliseconds lease) {
     return run("reserving a key", &key, [&]() -> Reservation {
@@ -762,9 +762,9 @@ class SqliteStore {
 
  private:
   struct Statements {
-    std::string reserve, take_over, commit, fail, escalate, release, find, take_stale, escalated,
-        resolve, settled, signals, record_mismatch, mismatches, purge, redrive_key, redrive_range,
-        left_as_written, extend;
+    std::string reserve, duplicate, take_over, commit, fail, escalate, release, find, take_stale,
+        escalated, resolve, settled, signals, record_mismatch, mismatches, purge, redrive_key,
+        redrive_range, left_as_written, extend;
   };
 
   /// Marks the store's lock as held by the calling thread, for the errors of calls that wait.
@@ -830,13 +830,15 @@ class SqliteStore {
     const std::string columns = detail::record_select_list(
         [](detail::LogColumn, std::string_view name) { return std::string(name); });
     Statements s;
-    // A new key is inserted; a key that exists counts the duplicate and returns the stored row:
-    // one statement either way, so no reservation goes uncounted.
+    // A new key is inserted; for a key that exists, `duplicate` counts the reservation and
+    // returns the stored row, in the same write transaction, so no reservation goes uncounted.
     s.reserve = "INSERT INTO " + t +
                 " (key, status, fence, lease_until, fingerprint, request, duplicates, attempts,"
                 " created_at, updated_at) VALUES (?1, 'in_flight', 1, ?2, ?3, ?4, 0, 1, ?5, ?5)"
-                " ON CONFLICT (key) DO UPDATE SET duplicates = duplicates + 1"
-                " RETURNING duplicates, fence, status, fingerprint, lease_until, result, reason";
+                " ON CONFLICT (key) DO NOTHING";
+    s.duplicate = "UPDATE " + t +
+                  " SET duplicates = duplicates + 1 WHERE key = ?1"
+                  " RETURNING fence, status, fingerprint, lease_until, result, reason";
     s.take_over = "UPDATE " + t +
                   " SET fence = fence + 1, attempts = attempts + 1, lease_until = ?3,"
                   " updated_at = ?4"
@@ -972,36 +974,35 @@ class SqliteStore {
     const SqliteBlob fingerprint_blob{
         {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()}};
     const std::int64_t until = detail::sqlite::later(now, lease);
+    // A new key: one INSERT, with no RETURNING (SQLite builds a temporary table per run for
+    // one) and no statement journal, so the common case allocates nothing per event.
+    if (change(sql_.reserve, "reserving a key", key, until, fingerprint_blob, SqliteBlob{request},
+               now) == 1)
+      return Reservation::acquired(1);
     Reservation found;
     bool take_over = false;
     {
-      auto& upsert = statement(sql_.reserve);
-      detail::sqlite::ResetGuard guard(upsert);
-      upsert.bind("reserving a key", key, until, fingerprint_blob, SqliteBlob{request}, now);
-      if (!upsert.step("reserving a key"))
+      // The key exists (the write lock is held since BEGIN): count the duplicate, read the row.
+      auto& met = statement(sql_.duplicate);
+      detail::sqlite::ResetGuard guard(met);
+      met.bind("reserving a key", key);
+      if (!met.step("reserving a key"))
         throw StoreError("idemgate: the reservation of key " + key.hex() + " in " + table_ +
-                         " returned no row; check the table's PRIMARY KEY (compare it with "
-                         "SqliteStore::schema_sql())");
-      // A new row starts at 0 duplicates; a row that was met has at least 1 after the update.
-      if (upsert.int64(0) == 0) {
-        const std::int64_t fence = upsert.int64(1);
-        return Reservation::acquired(fence);
-      }
-      const std::string stored_fingerprint = upsert.bytes(3);
+                         " neither inserted nor found its row; check the table's PRIMARY KEY "
+                         "(compare it with SqliteStore::schema_sql())");
+      const std::string stored_fingerprint = met.bytes(2);
       const bool same =
           stored_fingerprint.size() == fingerprint.size() &&
           std::memcmp(stored_fingerprint.data(), fingerprint.data(), fingerprint.size()) == 0;
-      found = Reservation::existing(upsert.int64(1), parse_record_status(upsert.bytes(2)), same,
-                                    upsert.bytes(5), upsert.bytes(6));
-      take_over = found.status == RecordStatus::in_flight && same && upsert.int64(4) < now;
+      found = Reservation::existing(met.int64(0), parse_record_status(met.bytes(1)), same,
+                                    met.bytes(4), met.bytes(5));
+      take_over = found.status == RecordStatus::in_flight && same && met.int64(3) < now;
     }
     if (take_over) {
       auto& take = statement(sql_.take_over);
       detail::sqlite::ResetGuard guard(take);
       take.bind("taking over a lease", key, found.fence, until, now);
-      if (take.step("taking over a lease")) {
-        return Reservation::taken_over(take.int64(0));
-      }
+      if (take.step("taking over a lease")) return Reservation::taken_over(take.int64(0));
     }
     // The duplicate counted above is kept.
     return found;
