@@ -190,6 +190,36 @@ TEST(Coalescing, OptionsOutOfRangeAreRefusedWithTheirRange) {
   }
 }
 
+TEST(Coalescing, OptionsAtTheirExtremesAreHonoured) {
+  idemgate::MemoryStore store;
+  FakeTerminal<> terminal;
+  idemgate::test::MemoryBookings bookings;
+  // Groups of one: every call is its own group.
+  GateOptions single;
+  single.coalesce.enabled = true;
+  single.coalesce.max_events = 1;
+  single.coalesce.concurrent_groups = 64;
+  idemgate::Gate gate(store, terminal, bookings.writer(), single);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i)
+    threads.emplace_back([&, i] {
+      EXPECT_EQ(gate.process(idemgate::derive_key("extremes", std::to_string(i)),
+                             SlotRequest{"C" + std::to_string(i), "w"})
+                    .status(),
+                Status::processed);
+    });
+  for (auto& t : threads) t.join();
+  const auto stats = gate.coalescing();
+  EXPECT_EQ(stats.reservation_groups, 6u);
+  EXPECT_EQ(stats.commit_groups, 6u);
+  // The largest group and the longest window are accepted.
+  GateOptions widest;
+  widest.coalesce.enabled = true;
+  widest.coalesce.max_events = 64;
+  widest.coalesce.window = 1s;
+  EXPECT_NO_THROW(idemgate::Gate(store, terminal, bookings.writer(), widest));
+}
+
 // --- The gate over each store -------------------------------------------------------------------
 
 constexpr int group_size = 8;
