@@ -74,7 +74,9 @@ class Coalescer {
       queued_.push_back(&slot);
       changed_.notify_all();
       while (!slot.done) {
-        if (!slot.taken && running_ < limits_.max_running) {
+        // The oldest queued item leads the next group: groups form in the order of the calls,
+        // whichever thread wakes first.
+        if (!slot.taken && running_ < limits_.max_running && queued_.front() == &slot) {
           lead(lock, slot);
           break;
         }
@@ -105,6 +107,14 @@ class Coalescer {
     return items_;
   }
 
+  /// Callers that wait on another caller right now: queued behind a running group, or members
+  /// of a group another caller runs (the oldest queued item, about to lead, is not counted).
+  [[nodiscard]] std::size_t parked() const {
+    std::lock_guard lock(mutex_);
+    const bool next_leads = !queued_.empty() && running_ < limits_.max_running;
+    return members_ + queued_.size() - (next_leads ? 1 : 0);
+  }
+
  private:
   // With the lock held: forms a group around `own`, runs it unlocked, answers its callers.
   void lead(std::unique_lock<std::mutex>& lock, Slot& own) {
@@ -128,6 +138,8 @@ class Coalescer {
     }
     ++groups_;
     items_ += group.size();
+    members_ += group.size() - 1;
+    changed_.notify_all();  // a new oldest item may lead a group of its own
     lock.unlock();
     try {
       run_(std::span<Slot* const>(group));
@@ -137,6 +149,7 @@ class Coalescer {
     }
     lock.lock();
     for (Slot* s : group) s->done = true;
+    members_ -= group.size() - 1;
     --running_;
     changed_.notify_all();
   }
@@ -152,6 +165,7 @@ class Coalescer {
   std::condition_variable changed_;
   std::vector<Slot*> queued_;  // submitted, not yet in a group (oldest first)
   std::size_t running_ = 0;
+  std::size_t members_ = 0;  // in a running group, not its leader
   std::size_t groups_ = 0;
   std::size_t items_ = 0;
 };
