@@ -785,10 +785,15 @@ class PostgresEnv {
         "idemgate_reserve", "idemgate_take_over", "COMMIT",
         "idemgate_release", "idemgate_fail",      "idemgate_take_stale"};
     proxy_.disarm();
-    if (n > 0)
-      proxy_.arm(idemgate::test::Fault::lose_reply,
-                 statements[static_cast<std::size_t>(n - 1) % statements.size()]);
+    if (n <= 0) return;
+    const std::size_t which = static_cast<std::size_t>(n - 1) % statements.size();
+    proxy_.arm(idemgate::test::Fault::lose_reply, statements[which]);
+    // With group commit, a group of reservations is one statement of its own.
+    if (lose_group_reservations && which == 0)
+      proxy_.arm(idemgate::test::Fault::lose_reply, "idemgate_reserve_batch");
   }
+  /// Whether a lost reservation reply is also armed on a group's reservation statement.
+  bool lose_group_reservations = false;
   /// A database crash loses this delivery's reservation or takeover: the row is back as it was.
   void restore(const Key& key, const std::optional<Record>& row) {
     const std::string where = " WHERE key = '\\x" + key.hex() + "'::bytea";
@@ -980,6 +985,7 @@ TEST(Interleavings, WorkersAndReconcilersWithCoalescingOnPostgresKeepEveryInvari
   idemgate::PostgresStore(uri, {.table = log}).migrate();
   {
     PostgresEnv env(uri, log, bookings);
+    env.lose_group_reservations = true;
     run_schedules(seeds(800001, scaled(60)), env, "*WithCoalescingOnPostgres*", false, grouped);
   }
   idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
