@@ -217,7 +217,8 @@ class Schedule {
   /// Runs the schedule; returns the first broken invariant, or nothing.
   std::optional<std::string> run() {
     ++tally_.schedules;
-    const int workers = 2 + static_cast<int>(rng_() % 2);
+    // With group commit, one more worker: more calls to group.
+    const int workers = 2 + static_cast<int>(rng_() % 2) + (coalescing_ ? 1 : 0);
     const int reconcilers = 1 + static_cast<int>(rng_() % 2);
     std::deque<ReconcilerType> passes;
     actors_.resize(static_cast<std::size_t>(workers + reconcilers));
@@ -323,6 +324,15 @@ class Schedule {
         continue;
       }
       if (eligible.empty()) continue;
+      if (coalescing_ && chance(50)) {
+        // With group commit, an actor held before its reservation or commit (a group's leader)
+        // often waits while others go on: calls that arrive meanwhile join the next group.
+        std::vector<const Turnstile::Held*> others;
+        for (const Turnstile::Held* h : eligible)
+          if (h->at != to_string(Step::reserve) && h->at != to_string(Step::commit))
+            others.push_back(h);
+        if (!others.empty()) eligible = std::move(others);
+      }
       const Turnstile::Held& pick = *eligible[rng_() % eligible.size()];
       const bool crash =
           pick.at != "take" && pick.at != "pass" && pick.at != "done" && chance(crash_percent);
