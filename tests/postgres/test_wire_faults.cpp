@@ -929,3 +929,56 @@ TEST_F(CoalescedWireFaultTest, ASwallowedSqlErrorAndALostCommitReplyInOneGroup) 
   EXPECT_EQ(again->status(), Status::processed) << again->reason();
   finish_and_check();
 }
+
+// A business write that ends the group's transaction itself (a ROLLBACK or a COMMIT through its
+// transaction) costs only its own event, wherever it is in the group: the statement after it is
+// checked, the group runs again without it, and no other event is answered committed unless its
+// row and its booking did commit. (Its own status, sent after its ROLLBACK, runs outside any
+// transaction, as with a single commit: the event itself is not checked here.)
+TEST_F(CoalescedWireFaultTest, AMemberWhoseBusinessWriteEndsTheTransactionCostsOnlyItsOwnEvent) {
+  for (const char* sql : {"ROLLBACK", "COMMIT"}) {
+    for (std::size_t broken = 0; broken < 3; ++broken) {
+      SCOPED_TRACE(std::string(sql) + " in the business write of item " + std::to_string(broken));
+      std::vector<Key> keys;
+      std::vector<idemgate::CommitItem> items;
+      for (int i = 0; i < 3; ++i) {
+        keys.push_back(
+            idemgate::derive_key("ends", sql, std::to_string(broken), std::to_string(i)));
+        const auto r = direct_->reserve(keys.back(), idemgate::detail::sha256("r"), "r", 1min);
+        ASSERT_EQ(r.kind, idemgate::Reservation::Kind::acquired);
+        items.push_back({keys.back(), r.fence, "slot"});
+      }
+      std::vector<idemgate::ItemCommit> answers;
+      try {
+        answers = direct_->commit_each(items, [&](pqxx::work& tx, std::size_t i) {
+          writer()(tx, keys[i], request_of(static_cast<int>(i)), "slot");
+          if (i == broken) pq::exec(tx, sql);
+        });
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "the whole group failed for one business write: " << type_name(e) << ": "
+                      << e.what();
+        continue;
+      }
+      ASSERT_EQ(answers.size(), 3u);
+      for (std::size_t i = 0; i < 3; ++i) {
+        if (i == broken) {
+          ASSERT_TRUE(answers[i].error) << "the business write that ended the transaction was "
+                                           "answered as if it had committed";
+          try {
+            std::rethrow_exception(answers[i].error);
+          } catch (const idemgate::BusinessWriteError& e) {
+            EXPECT_NE(std::string(e.what()).find(keys[i].hex()), std::string::npos) << e.what();
+          } catch (const std::exception& e) {
+            ADD_FAILURE() << type_name(e) << ": " << e.what();
+          }
+          continue;
+        }
+        EXPECT_FALSE(answers[i].error) << "item " << i << " paid for another's business write";
+        EXPECT_EQ(answers[i].status, idemgate::CommitStatus::committed) << "item " << i;
+        EXPECT_EQ(direct_->find(keys[i])->status, RecordStatus::committed)
+            << "item " << i << " was answered committed";
+        EXPECT_EQ(bookings_of(keys[i]), 1) << "item " << i;
+      }
+    }
+  }
+}

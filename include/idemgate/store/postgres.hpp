@@ -1120,11 +1120,32 @@ class PostgresStore {
           bool broke = false;  // an item broke the transaction: start again without it
           {
             pqxx::work tx(lease.connection());
+            // The item kept last: the statement after its business write (the next savepoint,
+            // or the check before COMMIT) goes through libpqxx's checked path, so a business
+            // write that ended the transaction (a ROLLBACK of its own) is named there, and the
+            // group does not commit, or answer committed, what it rolled back.
+            std::optional<std::size_t> last;
+            const auto ended_by_last = [&] {
+              answers[*last].error = std::current_exception();
+              std::erase(open, *last);
+              broke = true;
+            };
             for (std::size_t k = 0; k < open.size();) {
               const std::size_t i = open[k];
-              detail::pq::exec(tx, k == 0 ? "SAVEPOINT idemgate_item"
-                                          : "RELEASE SAVEPOINT idemgate_item; "
-                                            "SAVEPOINT idemgate_item");
+              if (k == 0 || !last) {
+                detail::pq::exec(tx, k == 0 ? "SAVEPOINT idemgate_item"
+                                            : "RELEASE SAVEPOINT idemgate_item; "
+                                              "SAVEPOINT idemgate_item");
+              } else {
+                try {
+                  fenced_update(tx, "RELEASE SAVEPOINT idemgate_item; SAVEPOINT idemgate_item",
+                                items[*last].key);
+                } catch (const BusinessWriteError&) {
+                  ended_by_last();
+                  break;
+                }
+              }
+              last.reset();
               try {
                 run_business_write(items[i].key, [&] { business(tx, i); });
                 const pqxx::result updated = fenced_update(
@@ -1132,6 +1153,7 @@ class PostgresStore {
                     items[i].key);
                 if (detail::pq::affected_rows(updated) > 0) {
                   included.push_back(i);
+                  last = i;
                   ++k;
                   continue;
                 }
@@ -1156,6 +1178,13 @@ class PostgresStore {
               if (!rolled_back_to_savepoint(tx)) {
                 broke = true;  // libpqxx ended the transaction with the failed statement
                 break;
+              }
+            }
+            if (!broke && last) {
+              try {
+                fenced_update(tx, "RELEASE SAVEPOINT idemgate_item", items[*last].key);
+              } catch (const BusinessWriteError&) {
+                ended_by_last();
               }
             }
             if (!broke) {
