@@ -18,6 +18,12 @@
 // downstream, poison events whose business write always throws, and on MemoryStore and
 // PostgreSQL lost store replies and writes lost in a database crash.
 //
+// The same schedules run again with group commit on (GateOptions::coalesce, with and without a
+// window): a call may then wait on the group another actor leads, at no hold of its own, and its
+// reservation, commit and business write run on that actor's thread, held, crashed or answered
+// with a lost reply there. The turnstile counts such calls as settled (Gate::coalescing().waiting)
+// and the oldest waiting call leads the next group, so a seed still replays exactly.
+//
 // Each schedule ends with final reconciler passes and the invariants, among them that no stale
 // worker's commit ever lands: an event's business row was written under the fence its committed
 // row holds. A failure prints its seed; IDEMGATE_SCHEDULE_SEED=<seed> replays that schedule
@@ -54,6 +60,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <span>
@@ -107,6 +114,22 @@ static_assert(idemgate::store<PausingStore<idemgate::SqliteStore>> &&
               same_paths<idemgate::SqliteStore>);
 #endif
 
+// Group commit takes the same path through the decorator: it forwards `commit_each` exactly where
+// the store has it.
+template <class S>
+constexpr bool same_group_commit = requires(PausingStore<S>& s,
+                                            std::span<const idemgate::CommitItem> c) {
+  s.commit_each(c, [](typename S::transaction&, std::size_t) {});
+}
+== requires(S& s, std::span<const idemgate::CommitItem> c) {
+  s.commit_each(c, [](typename S::transaction&, std::size_t) {});
+};
+static_assert(same_group_commit<idemgate::MemoryStore> &&
+              same_group_commit<idemgate::PostgresStore>);
+#if IDEMGATE_TEST_SQLITE
+static_assert(same_group_commit<idemgate::SqliteStore>);
+#endif
+
 /// A business row: the slot booked and the fence of the commit that wrote it.
 struct Booking {
   std::string slot;
@@ -131,6 +154,11 @@ struct Tally {
   int crashes = 0;
   int expiries = 0;
   int batches = 0;
+  /// With group commit: groups run, and calls that ran in another call's group (a group of n
+  /// carries n - 1 of them), of reservations and of commits.
+  std::size_t groups = 0;
+  std::size_t grouped_reservations = 0;
+  std::size_t grouped_commits = 0;
   /// Every decision of every schedule, hashed: equal across runs when the seeds replay exactly.
   std::uint64_t trace = 14695981039346656037ull;
   void note(const std::string& decision) {
@@ -155,7 +183,7 @@ class Schedule {
   using GateType = idemgate::Gate<Store, Downstream, Write>;
   using ReconcilerType = idemgate::Reconciler<Store, Downstream, Write>;
 
-  Schedule(Env& env, unsigned seed, Tally& tally)
+  Schedule(Env& env, unsigned seed, Tally& tally, idemgate::Coalescing coalesce = {})
       : env_(env),
         seed_(seed),
         rng_(seed),
@@ -171,7 +199,8 @@ class Schedule {
               // No heartbeat: it would renew leases on a thread of its own, outside the
               // schedule, and a seed would no longer replay its interleaving. The lease keeper
               // of batches and passes still renews on the actors' threads, held at each step.
-              {.lease = env.lease(), .heartbeat = false}) {
+              {.lease = env.lease(), .heartbeat = false, .coalesce = coalesce}),
+        coalescing_(coalesce.enabled) {
     events_ = 2 + static_cast<int>(rng_() % 5);
     poison_ = chance(33) ? static_cast<int>(rng_() % static_cast<unsigned>(events_)) : -1;
     for (int e = 0; e < events_; ++e) {
@@ -188,7 +217,8 @@ class Schedule {
   /// Runs the schedule; returns the first broken invariant, or nothing.
   std::optional<std::string> run() {
     ++tally_.schedules;
-    const int workers = 2 + static_cast<int>(rng_() % 2);
+    // With group commit, one more worker: more calls to group.
+    const int workers = 2 + static_cast<int>(rng_() % 2) + (coalescing_ ? 1 : 0);
     const int reconcilers = 1 + static_cast<int>(rng_() % 2);
     std::deque<ReconcilerType> passes;
     actors_.resize(static_cast<std::size_t>(workers + reconcilers));
@@ -205,6 +235,10 @@ class Schedule {
     schedule();
     turnstile_.stop();
     pausing_ = false;
+    const idemgate::CoalescingStats groups = gate_.coalescing();
+    tally_.groups += groups.reservation_groups + groups.commit_groups;
+    tally_.grouped_reservations += groups.reservations - groups.reservation_groups;
+    tally_.grouped_commits += groups.commits - groups.commit_groups;
     // The final passes run even after a broken invariant, so that a store shared with the next
     // schedule holds nothing of this one in flight.
     const auto broken = finish();
@@ -233,6 +267,12 @@ class Schedule {
     e.restore(key, row);
   };
 
+  /// Whether the store reserves a group in one statement (`reserve_batch`).
+  static constexpr bool reserves_at_once =
+      requires(Inner & s, std::span<const idemgate::ReserveItem> items) {
+    s.reserve_batch(items, 1ms);
+  };
+
   static idemgate::ReconcilerOptions options() {
     return {.interval = 1min, .stale_after = 0ms, .batch = 50, .max_attempts = 12};
   }
@@ -251,7 +291,11 @@ class Schedule {
   // The scheduling thread: lets one held actor go on at a time until the deliveries drain.
   void schedule() {
     for (int steps = 0;; ++steps) {
-      const auto held = turnstile_.settle();
+      // With group commit, a call may wait on the group another actor leads, at no hold.
+      const auto held = coalescing_
+                            ? turnstile_.settle(std::chrono::seconds(120),
+                                                [this] { return gate_.coalescing().waiting; })
+                            : turnstile_.settle();
       if (violation_ || store_.business_write_errors() > 0) return;
       bool busy = false;
       std::vector<const Turnstile::Held*> eligible;
@@ -260,6 +304,9 @@ class Schedule {
           if (!queue_.empty()) eligible.push_back(&h);
         } else if (h.at == "pass") {
           if (chance(30)) eligible.push_back(&h);
+        } else if (h.at == "done") {
+          busy = true;  // it still carries its messages
+          eligible.push_back(&h);
         } else {
           busy = true;
           eligible.push_back(&h);
@@ -277,8 +324,18 @@ class Schedule {
         continue;
       }
       if (eligible.empty()) continue;
+      if (coalescing_ && chance(50)) {
+        // With group commit, an actor held before its reservation or commit (a group's leader)
+        // often waits while others go on: calls that arrive meanwhile join the next group.
+        std::vector<const Turnstile::Held*> others;
+        for (const Turnstile::Held* h : eligible)
+          if (h->at != to_string(Step::reserve) && h->at != to_string(Step::commit))
+            others.push_back(h);
+        if (!others.empty()) eligible = std::move(others);
+      }
       const Turnstile::Held& pick = *eligible[rng_() % eligible.size()];
-      const bool crash = pick.at != "take" && pick.at != "pass" && chance(crash_percent);
+      const bool crash =
+          pick.at != "take" && pick.at != "pass" && pick.at != "done" && chance(crash_percent);
       if (crash) ++tally_.crashes;
       decided(steps, (crash ? "crash actor " : "let go actor ") + std::to_string(pick.actor) +
                          " at " + pick.at);
@@ -301,7 +358,7 @@ class Schedule {
     ++tally_.expiries;
     for (const Turnstile::Held& h : held) {
       const Actor& actor = actors_[static_cast<std::size_t>(h.actor)];
-      if (!actor.worker || h.at == "take") continue;
+      if (!actor.worker || h.at == "take" || h.at == "done") continue;
       for (int e : actor.carrying)
         if (chance(50)) queue_.push_back(e);
     }
@@ -319,7 +376,10 @@ class Schedule {
         order_stale();
         break;
       case Step::reserve:
-        if (me_->lose_write && at.key != nullptr) {
+        // Only a reservation of this actor's own event (with group commit, a leader reserves the
+        // events of its group one by one on a store without batch statements).
+        if (me_->lose_write && at.key != nullptr && me_->carrying.size() == 1 &&
+            *at.key == all_[static_cast<std::size_t>(me_->carrying[0])].first) {
           me_->before = store_.find(*at.key);
           me_->captured = true;
         }
@@ -422,18 +482,27 @@ class Schedule {
     const auto& [key, request] = all_[static_cast<std::size_t>(e)];
     if constexpr (can_restore) actor.lose_write = chance(6);
     bool acked = false;
+    bool failed = false;
+    bool poisoned = false;
     try {
       const auto result = gate_.process(key, request);
-      check(key, request, result, true);
+      // With group commit on a store without batch reservations, the leader reserves its group
+      // one by one, held at each: the answer of an earlier one waits for the later ones.
+      check(key, request, result, !coalescing_ || reserves_at_once);
       turnstile_.hold("ack");
       acked = result.should_ack();
     } catch (const SimulatedCrash&) {
+      failed = true;
     } catch (const idemgate::StoreError&) {
       // A lost reply, a lost write or a blamed business write (checked by the scheduler).
+      failed = true;
     } catch (const std::runtime_error&) {
       // The poison business write: after three deliveries the queue dead-letters the message.
-      if (e == poison_ && ++poison_deliveries_ >= 3) acked = true;
+      failed = true;
+      poisoned = e == poison_;
     }
+    if (failed) wait_turn_after_failure();
+    if (poisoned && ++poison_deliveries_ >= 3) acked = true;
     if (!acked) requeue(e);
   }
 
@@ -459,10 +528,21 @@ class Schedule {
           acked[i] = true;
       }
     } catch (const SimulatedCrash&) {
+      wait_turn_after_failure();
     } catch (const idemgate::StoreError&) {
+      wait_turn_after_failure();
     }
     for (std::size_t i = 0; i < messages.size(); ++i)
       if (!acked[i]) requeue(actor.carrying[i]);
+  }
+
+  // With group commit, what a group threw reaches every call in it at once, and they all run on
+  // until their next hold: a failed call waits for its turn before it touches the queue (as a
+  // crashed one: a restarted process). Without group commit, only one actor ever runs.
+  void wait_turn_after_failure() {
+    if (!coalescing_) return;
+    turnstile_.revive();
+    turnstile_.hold("done");
   }
 
   void requeue(int e) {
@@ -471,8 +551,11 @@ class Schedule {
 
   // What a delivery's answer says must hold at once, before anything else runs. `fresh`: nothing
   // ran since the reservation that answered it (a single delivery; a batch works on after it).
+  // With group commit, the other calls of this call's group run on meanwhile, up to their next
+  // hold; they write nothing before it.
   void check(const Key& key, const SlotRequest& request,
              const idemgate::Result<std::string>& result, bool fresh) {
+    const std::lock_guard lock(checking_);
     const auto row = store_.find(key);
     const std::string event = request.container;
     switch (result.status()) {
@@ -480,7 +563,10 @@ class Schedule {
         violate("conflict for an unchanged request of " + event);
         break;
       case Status::processed: {
-        const std::int64_t fence = idemgate::test::thread_ledger().committing[key];
+        // With group commit, the commit ran on the thread of its group's leader: the fence the
+        // store answered `committed` under.
+        const std::int64_t fence = coalescing_ ? store_.committed_fence(key)
+                                               : idemgate::test::thread_ledger().committing[key];
         if (!row || row->status != RecordStatus::committed)
           violate("processed " + event + " whose row is not committed");
         else if (row->fence != fence)
@@ -596,6 +682,8 @@ class Schedule {
   std::deque<int> queue_;
   std::optional<std::string> violation_;
   std::map<std::pair<Key, std::int64_t>, bool> takers_;
+  bool coalescing_ = false;
+  std::mutex checking_;  // the checks of the calls of one group, which return at once
   bool trace_ = std::getenv("IDEMGATE_SCHEDULE_TRACE") != nullptr;
 };
 
@@ -707,10 +795,15 @@ class PostgresEnv {
         "idemgate_reserve", "idemgate_take_over", "COMMIT",
         "idemgate_release", "idemgate_fail",      "idemgate_take_stale"};
     proxy_.disarm();
-    if (n > 0)
-      proxy_.arm(idemgate::test::Fault::lose_reply,
-                 statements[static_cast<std::size_t>(n - 1) % statements.size()]);
+    if (n <= 0) return;
+    const std::size_t which = static_cast<std::size_t>(n - 1) % statements.size();
+    proxy_.arm(idemgate::test::Fault::lose_reply, statements[which]);
+    // With group commit, a group of reservations is one statement of its own.
+    if (lose_group_reservations && which == 0)
+      proxy_.arm(idemgate::test::Fault::lose_reply, "idemgate_reserve_batch");
   }
+  /// Whether a lost reservation reply is also armed on a group's reservation statement.
+  bool lose_group_reservations = false;
   /// A database crash loses this delivery's reservation or takeover: the row is back as it was.
   void restore(const Key& key, const std::optional<Record>& row) {
     const std::string where = " WHERE key = '\\x" + key.hex() + "'::bytea";
@@ -770,21 +863,25 @@ std::vector<unsigned> seeds(unsigned base, unsigned count) {
 
 /// Runs the schedules of `seeds` on fresh environments from `make` (or all on the one environment
 /// `make` is), stopping at the first broken
-/// invariant; then checks that they reached what they are for.
+/// invariant; then checks that they reached what they are for. With `coalesce` on, the gate
+/// groups concurrent calls; odd seeds also wait `coalesce.window` for a group to fill (even
+/// seeds use none).
 template <class Make>
 void run_schedules(const std::vector<unsigned>& seeds, Make&& make, const std::string& filter,
-                   bool extends) {
+                   bool extends, idemgate::Coalescing coalesce = {}) {
   Tally tally;
   // Set, every seed runs even after one broke, and the count of broken ones is reported.
   const char* keep_going = std::getenv("IDEMGATE_SCHEDULE_KEEP_GOING");
   int broken_schedules = 0;
   for (unsigned seed : seeds) {
+    idemgate::Coalescing grouping = coalesce;
+    if (seed % 2 == 0) grouping.window = 0us;
     const auto broken = [&] {
       if constexpr (std::is_invocable_v<Make&>) {
         auto env = make();
-        return Schedule<typename decltype(env)::element_type>(*env, seed, tally).run();
+        return Schedule<typename decltype(env)::element_type>(*env, seed, tally, grouping).run();
       } else {
-        return Schedule<std::remove_cvref_t<Make>>(make, seed, tally).run();
+        return Schedule<std::remove_cvref_t<Make>>(make, seed, tally, grouping).run();
       }
     }();
     if (!broken) continue;
@@ -802,8 +899,10 @@ void run_schedules(const std::vector<unsigned>& seeds, Make&& make, const std::s
             << tally.taken_by_redelivery << ", by a reconciler " << tally.taken_by_reconciler
             << "), lost leases " << tally.lost_leases << ", extensions " << tally.extends
             << ", crashes " << tally.crashes << ", expiries " << tally.expiries << ", batches "
-            << tally.batches << ", given up " << tally.given_up << ", trace " << std::hex
-            << tally.trace << std::dec << "\n";
+            << tally.batches << ", given up " << tally.given_up << ", groups " << tally.groups
+            << " (calls run in another's: reservations " << tally.grouped_reservations
+            << ", commits " << tally.grouped_commits << "), trace " << std::hex << tally.trace
+            << std::dec << "\n";
   if (seeds.size() == 1) return;  // a replay
   // Without these the schedules would prove nothing about fences and leases.
   EXPECT_GT(tally.stale_commits, 0) << "no held worker ever resumed to commit a taken-over event";
@@ -814,7 +913,15 @@ void run_schedules(const std::vector<unsigned>& seeds, Make&& make, const std::s
   if (extends) {
     EXPECT_GT(tally.extends, 0) << "no lease was ever extended";
   }
+  if (coalesce.enabled) {
+    // Without these the schedules would prove nothing about group commit.
+    EXPECT_GT(tally.grouped_reservations, 0u) << "no reservation ever ran in another call's group";
+    EXPECT_GT(tally.grouped_commits, 0u) << "no commit ever ran in another call's group";
+  }
 }
+
+/// Group commit on, for the schedules that run with it.
+constexpr idemgate::Coalescing grouped{.enabled = true, .window = 200us};
 
 /// Fewer schedules under a sanitizer, which runs the same code many times slower.
 unsigned scaled(unsigned count) {
@@ -854,6 +961,42 @@ TEST(Interleavings, WorkersAndReconcilersOnPostgresKeepEveryInvariant) {
     // One store for every schedule (their keys differ): connecting is much of a schedule's time.
     PostgresEnv env(uri, log, bookings);
     run_schedules(seeds(100001, scaled(100)), env, "*Postgres*", false);
+  }
+  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
+}
+
+// The same schedules with group commit on (GateOptions::coalesce): concurrent calls share one
+// reservation and one commit run by one of them, so a worker's reservation or commit, with its
+// business write, may run on another worker's or a reconciler's thread, be held there, crash
+// there, or meet a lost reply there, with the group's other events.
+TEST(Interleavings, WorkersAndReconcilersWithCoalescingOnMemoryStoreKeepEveryInvariant) {
+  run_schedules(
+      seeds(700001, scaled(200)), [] { return std::make_unique<MemoryEnv>(); },
+      "*WithCoalescingOnMemoryStore*", true, grouped);
+}
+
+#if IDEMGATE_TEST_SQLITE
+TEST(Interleavings, WorkersAndReconcilersWithCoalescingOnSqliteStoreKeepEveryInvariant) {
+  run_schedules(
+      seeds(750001, scaled(80)), [] { return std::make_unique<SqliteEnv>(); },
+      "*WithCoalescingOnSqliteStore*", true, grouped);
+}
+#endif
+
+TEST(Interleavings, WorkersAndReconcilersWithCoalescingOnPostgresKeepEveryInvariant) {
+  const std::string uri = idemgate::test::pg_uri();
+  ASSERT_FALSE(uri.empty());
+  const std::string log = idemgate::test::unique_table("log");
+  const std::string bookings = idemgate::test::unique_table("book");
+  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
+  idemgate::test::pg_exec(
+      "CREATE TABLE " + bookings +
+      " (id bigserial PRIMARY KEY, source_event bytea NOT NULL, slot_id text, fence bigint)");
+  idemgate::PostgresStore(uri, {.table = log}).migrate();
+  {
+    PostgresEnv env(uri, log, bookings);
+    env.lose_group_reservations = true;
+    run_schedules(seeds(800001, scaled(60)), env, "*WithCoalescingOnPostgres*", false, grouped);
   }
   idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
 }

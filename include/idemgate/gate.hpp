@@ -60,6 +60,9 @@ struct CoalescingStats {
   /// Commit groups run, and the commits in them.
   std::size_t commit_groups = 0;
   std::size_t commits = 0;
+  /// Calls that wait on another call's group right now: queued behind a running group, or in
+  /// a group another call runs.
+  std::size_t waiting = 0;
 };
 
 /// Tuning of a `Gate`.
@@ -208,7 +211,7 @@ class Gate {
   [[nodiscard]] CoalescingStats coalescing() const {
     if (!reserve_group_) return {};
     return {reserve_group_->groups(), reserve_group_->items(), commit_group_->groups(),
-            commit_group_->items()};
+            commit_group_->items(), reserve_group_->parked() + commit_group_->parked()};
   }
 
   /**

@@ -8,6 +8,8 @@
 //     these events, so an acked event still in flight is one nobody will finish);
 //   - fences never go backwards;
 //   - nothing in flight after the final pass.
+// With group commit (GateOptions::coalesce), three deliveries at once share one reservation
+// statement and one commit transaction, and the wire breaks at each statement of the group.
 // A StoreError is an acceptable answer to a fault (the caller does not ack and the redelivery
 // finishes the event); any other exception, or a wrong answer, is not.
 
@@ -29,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -563,6 +566,122 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
   std::map<std::string, std::int64_t> fences_;
 };
 
+/// Group commit (GateOptions::coalesce) under the same faults: three deliveries at once on a
+/// coalescing gate share one reservation statement and one commit transaction (each event's
+/// business write and fenced update under its own savepoint), and the wire breaks at one
+/// statement of the group.
+class CoalescedWireFaultTest : public WireFaultTest {
+ protected:
+  using Write =
+      std::function<void(pqxx::work&, const Key&, const SlotRequest&, const std::string&)>;
+  using CoalescingGate = Gate<PostgresStore, FakeTerminal<>, Write>;
+
+  static constexpr int events = 3;
+
+  /// A gate whose groups wait (up to a second) until all three deliveries joined; `before_` and
+  /// `after_`, when set, run at the start and at the end of every business write.
+  CoalescingGate coalescing_gate_on(PostgresStore& store, std::chrono::milliseconds lease = 2s) {
+    return CoalescingGate(
+        store, terminal_,
+        [this](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+          if (before_) before_(tx, key);
+          writer()(tx, key, r, slot);
+          if (after_) after_(tx, key);
+        },
+        {.lease = lease,
+         .coalesce = {
+             .enabled = true, .window = 1s, .max_events = static_cast<std::size_t>(events)}});
+  }
+
+  /// Delivers events 1..3 at once; each answer, or nothing after a StoreError.
+  std::vector<std::optional<idemgate::Result<std::string>>> deliver_at_once(CoalescingGate& gate) {
+    std::vector<std::optional<idemgate::Result<std::string>>> results(events);
+    std::vector<std::thread> threads;
+    for (int n = 1; n <= events; ++n)
+      threads.emplace_back([&, n] {
+        results[static_cast<std::size_t>(n - 1)] =
+            attempt("Gate::process", [&] { return gate.process(key_of(n), request_of(n)); });
+      });
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  /// Who finishes an event the first delivery did not ack: its redelivery, on the same gate.
+  void redeliver_unacked(CoalescingGate& gate,
+                         const std::vector<std::optional<idemgate::Result<std::string>>>& first) {
+    for (int n = 1; n <= events; ++n) {
+      const auto& result = first[static_cast<std::size_t>(n - 1)];
+      if (result && result->should_ack()) continue;
+      const auto again =
+          attempt("the redelivery", [&] { return gate.process(key_of(n), request_of(n)); });
+      if (again) expect_ack_only_if_finished(key_of(n), *again);
+    }
+  }
+
+  /// The wire breaks at the `skip`-th statement after the first matching `pattern`, inside a
+  /// group of three; every event ends committed and booked once.
+  void break_group_at(const std::string& pattern, int skip, Wire wire) {
+    wire_ = wire;
+    auto store = proxied_store(4);
+    auto gate = coalescing_gate_on(*store);
+    for (int n = 1; n <= events; ++n) expect_final(n, Final::committed);
+    if (wire == Wire::delay)
+      proxy_->delay(100ms);
+    else
+      proxy_->arm(wire == Wire::lost_reply ? Fault::lose_reply : Fault::cut, pattern, skip);
+    const auto results = deliver_at_once(gate);
+    expect_wire_was_broken();
+    const auto stats = gate.coalescing();
+    EXPECT_EQ(stats.reservation_groups, 1u) << "the three reservations were not one group";
+    EXPECT_EQ(stats.reservations, 3u);
+    EXPECT_EQ(stats.commit_groups, 1u) << "the three commits were not one group";
+    EXPECT_EQ(stats.commits, 3u);
+    for (int n = 1; n <= events; ++n) {
+      const auto& result = results[static_cast<std::size_t>(n - 1)];
+      if (!result) continue;
+      // The store retries a broken group on a fresh connection, asking after an unheard COMMIT
+      // which items landed: each caller holds its lease throughout and ends processed.
+      EXPECT_EQ(result->status(), Status::processed) << "event " << n << ": " << result->reason();
+      expect_ack_only_if_finished(key_of(n), *result);
+    }
+    redeliver_unacked(gate, results);
+    finish_and_check();
+  }
+
+  std::function<void(pqxx::work&, const Key&)> before_, after_;
+};
+
+/// A statement of a group, and which of its matches the wire breaks at.
+struct GroupStatement {
+  const char* name;
+  const char* pattern;  // empty: the business write (this test's INSERT)
+  int skip;
+};
+
+constexpr std::array<GroupStatement, 6> group_statements = {{
+    {"reservation", "idemgate_reserve_batch", 0},
+    {"first_savepoint", "SAVEPOINT idemgate_item", 0},
+    {"second_savepoint", "SAVEPOINT idemgate_item", 1},
+    {"second_business_write", "", 1},
+    {"third_fenced_update", "SET status = 'committed'", 2},
+    {"commit", "COMMIT", 0},
+}};
+
+class EveryGroupStatement : public CoalescedWireFaultTest,
+                            public ::testing::WithParamInterface<GroupStatement> {
+ protected:
+  void run_group(Wire wire) {
+    const GroupStatement& at = GetParam();
+    const std::string pattern =
+        *at.pattern != '\0' ? std::string(at.pattern) : "INSERT INTO " + bookings;
+    break_group_at(pattern, at.skip, wire);
+    if (wire == Wire::lost_reply && std::string(at.name) == "commit") {
+      EXPECT_EQ(business_writes_.load(), 3)
+          << "a business write ran again after the group's COMMIT had landed unheard";
+    }
+  }
+};
+
 constexpr std::array<const char*, 11> operation_names = {
     "reserve",    "take_over",     "commit",       "fail",  "release", "escalate",
     "take_stale", "reserve_batch", "commit_batch", "purge", "resolve"};
@@ -703,4 +822,163 @@ TEST_F(WireFaultTest, BatchWhoseReservationFailsGivesBackWhatItReserved) {
     expect_ack_only_if_finished(messages[i].key, result);
   }
   finish_and_check();
+}
+
+// --- group commit (GateOptions::coalesce) ---------------------------------------------------
+
+TEST_P(EveryGroupStatement, LostReplyKeepsEveryInvariant) {
+  run_group(Wire::lost_reply);
+}
+
+TEST_P(EveryGroupStatement, CutMidStatementKeepsEveryInvariant) {
+  run_group(Wire::cut);
+}
+
+INSTANTIATE_TEST_SUITE_P(Coalesced, EveryGroupStatement, ::testing::ValuesIn(group_statements),
+                         [](const ::testing::TestParamInfo<GroupStatement>& tested) {
+                           return std::string(tested.param.name);
+                         });
+
+TEST_F(CoalescedWireFaultTest, DelayOf200MsPerRoundTripChangesNothing) {
+  break_group_at("", 0, Wire::delay);
+}
+
+// A member's lease is taken over while its group's transaction runs (the first business write of
+// the group expires it and a redelivery on another worker takes the event over and finishes it):
+// that member's fenced update finds the new fence and ends lost_lease, undone to its savepoint
+// alone, and the others commit.
+TEST_F(CoalescedWireFaultTest, AMemberTakenOverWhileItsGroupRunsEndsLostLeaseAndTheOthersCommit) {
+  auto store = proxied_store(4);
+  auto gate = coalescing_gate_on(*store, 1min);
+  for (int n = 1; n <= events; ++n) expect_final(n, Final::committed);
+  KeyedGate other = gate_on(*direct_);  // another worker, no group commit
+  std::atomic<int> victim{0};
+  std::optional<idemgate::Result<std::string>> taken;
+  before_ = [&](pqxx::work&, const Key& key) {
+    if (victim.load() != 0) return;
+    // The first business write of the group: every other member comes later in it, so its row is
+    // not locked yet.
+    const int first = key == key_of(1) ? 1 : key == key_of(2) ? 2 : 3;
+    const int n = first == 3 ? 1 : first + 1;
+    victim = n;
+    pg_exec("UPDATE " + log + " SET lease_until = now() - interval '1 millisecond' WHERE key = " +
+            "decode('" + key_of(n).hex() + "', 'hex')");
+    taken = attempt("the other worker's redelivery",
+                    [&] { return other.process(key_of(n), request_of(n)); });
+  };
+  const auto results = deliver_at_once(gate);
+  ASSERT_NE(victim.load(), 0) << "no business write ran";
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->status(), Status::processed) << taken->reason();
+  EXPECT_TRUE(taken->took_over());
+  EXPECT_EQ(gate.coalescing().commit_groups, 1u) << "the three commits were not one group";
+  for (int n = 1; n <= events; ++n) {
+    const auto& result = results[static_cast<std::size_t>(n - 1)];
+    ASSERT_TRUE(result.has_value()) << "event " << n;
+    EXPECT_EQ(result->status(), n == victim ? Status::lost_lease : Status::processed)
+        << "event " << n << ": " << result->reason();
+    expect_ack_only_if_finished(key_of(n), *result);
+  }
+  const auto row = direct_->find(key_of(victim));
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->fence, 2) << "the victim's row is the taker's";
+  EXPECT_EQ(gate.process(key_of(victim), request_of(victim)).status(), Status::duplicate);
+  finish_and_check();
+}
+
+// A business write that swallows an SQL error (after its booking) breaks the group's transaction:
+// the group runs again without that event (which is not acked, its lease given back), and the
+// COMMIT of that second run loses its reply: the store asks which events landed and answers each
+// once. (A statement sent after the swallowed error, on libpqxx 6.4, runs and commits on its own,
+// with or without group commit, as docs/stores.md says: no store can stop it.)
+TEST_F(CoalescedWireFaultTest, ASwallowedSqlErrorAndALostCommitReplyInOneGroup) {
+  wire_ = Wire::lost_reply;
+  auto store = proxied_store(4);
+  auto gate = coalescing_gate_on(*store);
+  for (int n = 1; n <= events; ++n) expect_final(n, Final::committed);
+  std::atomic<bool> breaking{true};
+  after_ = [&](pqxx::work& tx, const Key& key) {
+    if (key != key_of(2) || !breaking.load()) return;
+    try {
+      pq::exec(tx, "SELECT 1 / 0");
+    } catch (const pqxx::sql_error&) {
+      // The defect under test: the error is swallowed and the business write goes on.
+    }
+  };
+  proxy_->arm(Fault::lose_reply, "COMMIT");
+  const auto results = deliver_at_once(gate);
+  expect_wire_was_broken();
+  EXPECT_EQ(gate.coalescing().commit_groups, 1u) << "the three commits were not one group";
+  for (int n = 1; n <= events; ++n) {
+    const auto& result = results[static_cast<std::size_t>(n - 1)];
+    if (n == 2) {
+      EXPECT_FALSE(result.has_value()) << "the event whose business write broke the transaction "
+                                          "must not be answered (its caller does not ack)";
+      continue;
+    }
+    ASSERT_TRUE(result.has_value()) << "event " << n;
+    EXPECT_EQ(result->status(), Status::processed) << "event " << n << ": " << result->reason();
+    expect_ack_only_if_finished(key_of(n), *result);
+  }
+  EXPECT_EQ(direct_->find(key_of(2))->status, RecordStatus::in_flight);
+  EXPECT_EQ(bookings_of(key_of(2)), 0);
+  breaking = false;  // fixed; its redelivery takes the lease given back over at once
+  const auto again =
+      attempt("the redelivery", [&] { return gate.process(key_of(2), request_of(2)); });
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->status(), Status::processed) << again->reason();
+  finish_and_check();
+}
+
+// A business write that ends the group's transaction itself (a ROLLBACK or a COMMIT through its
+// transaction) costs only its own event, wherever it is in the group: the statement after it is
+// checked, the group runs again without it, and no other event is answered committed unless its
+// row and its booking did commit. (Its own status, sent after its ROLLBACK, runs outside any
+// transaction, as with a single commit: the event itself is not checked here.)
+TEST_F(CoalescedWireFaultTest, AMemberWhoseBusinessWriteEndsTheTransactionCostsOnlyItsOwnEvent) {
+  for (const char* sql : {"ROLLBACK", "COMMIT"}) {
+    for (std::size_t broken = 0; broken < 3; ++broken) {
+      SCOPED_TRACE(std::string(sql) + " in the business write of item " + std::to_string(broken));
+      std::vector<Key> keys;
+      std::vector<idemgate::CommitItem> items;
+      for (int i = 0; i < 3; ++i) {
+        keys.push_back(
+            idemgate::derive_key("ends", sql, std::to_string(broken), std::to_string(i)));
+        const auto r = direct_->reserve(keys.back(), idemgate::detail::sha256("r"), "r", 1min);
+        ASSERT_EQ(r.kind, idemgate::Reservation::Kind::acquired);
+        items.push_back({keys.back(), r.fence, "slot"});
+      }
+      std::vector<idemgate::ItemCommit> answers;
+      try {
+        answers = direct_->commit_each(items, [&](pqxx::work& tx, std::size_t i) {
+          writer()(tx, keys[i], request_of(static_cast<int>(i)), "slot");
+          if (i == broken) pq::exec(tx, sql);
+        });
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "the whole group failed for one business write: " << type_name(e) << ": "
+                      << e.what();
+        continue;
+      }
+      ASSERT_EQ(answers.size(), 3u);
+      for (std::size_t i = 0; i < 3; ++i) {
+        if (i == broken) {
+          ASSERT_TRUE(answers[i].error) << "the business write that ended the transaction was "
+                                           "answered as if it had committed";
+          try {
+            std::rethrow_exception(answers[i].error);
+          } catch (const idemgate::BusinessWriteError& e) {
+            EXPECT_NE(std::string(e.what()).find(keys[i].hex()), std::string::npos) << e.what();
+          } catch (const std::exception& e) {
+            ADD_FAILURE() << type_name(e) << ": " << e.what();
+          }
+          continue;
+        }
+        EXPECT_FALSE(answers[i].error) << "item " << i << " paid for another's business write";
+        EXPECT_EQ(answers[i].status, idemgate::CommitStatus::committed) << "item " << i;
+        EXPECT_EQ(direct_->find(keys[i])->status, RecordStatus::committed)
+            << "item " << i << " was answered committed";
+        EXPECT_EQ(bookings_of(keys[i]), 1) << "item " << i;
+      }
+    }
+  }
 }

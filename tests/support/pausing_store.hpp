@@ -3,8 +3,9 @@
 // A store and a downstream that forward every call to the ones they wrap and let a schedule hold
 // the calling thread at each step of the gate and the reconciler: before a reservation, a
 // commit, a release, a lease extension, a take-over pass, a claim, a lookup, and inside the
-// commit's business write. They satisfy the same concepts as what they wrap, so the gate and the
-// reconciler take the same code paths as over the bare store.
+// commit's business write (a group commit's as one step of the thread that runs it). They satisfy
+// the same concepts as what they wrap, so the gate and the reconciler take the same code paths as
+// over the bare store.
 
 #include "fake_terminal.hpp"
 
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -170,13 +172,15 @@ class PausingStore {
                       BusinessWrite&& business) {
     pause_({Step::commit, &key, fence});
     thread_ledger().committing[key] = fence;
-    return lost(counted([&] {
+    const CommitStatus status = counted([&] {
       return inner_.commit(key, fence, result, [&](transaction& tx) {
         if (inside_) pause_({Step::business_write, &key, fence});
         const FenceScope scope(fence);
         business(tx);
       });
-    }));
+    });
+    if (status == CommitStatus::committed) committed_under(key, fence);
+    return lost(status);
   }
 
   /// Forwards `commit_batch` where the inner store has it. Only the first item's business write
@@ -189,13 +193,64 @@ class PausingStore {
                                                         BusinessWrite&& business) {
     pause_({Step::commit});
     for (const CommitItem& item : items) thread_ledger().committing[item.key] = item.fence;
-    return lost(counted([&] {
+    auto statuses = counted([&] {
       return inner_.commit_batch(items, [&](transaction& tx, std::size_t i) {
         if (inside_ && i == 0) pause_({Step::business_write, &items[i].key, items[i].fence});
         const FenceScope scope(items[i].fence);
         business(tx, i);
       });
-    }));
+    });
+    if (statuses)
+      for (std::size_t i = 0; i < items.size() && i < statuses->size(); ++i)
+        if ((*statuses)[i] == CommitStatus::committed)
+          committed_under(items[i].key, items[i].fence);
+    return lost(std::move(statuses));
+  }
+
+  /// Forwards `commit_each` where the inner store has it (group commit). The group is held once,
+  /// as one step of the thread that runs it (the group's leader, whose step it is), and only
+  /// its first business write is held inside: later ones run after earlier items' fenced
+  /// updates, which hold row locks. Every item's fence goes to the ledgers; each business write
+  /// runs with its own item's fence in the thread's ledger.
+  template <class BusinessWrite>
+  requires requires(Inner& s, std::span<const CommitItem> items) {
+    s.commit_each(items, [](transaction&, std::size_t) {});
+  }
+  std::vector<ItemCommit> commit_each(std::span<const CommitItem> items, BusinessWrite&& business) {
+    pause_({Step::commit});
+    for (const CommitItem& item : items) thread_ledger().committing[item.key] = item.fence;
+    bool first = true;
+    std::vector<ItemCommit> answers = counted([&] {
+      return inner_.commit_each(items, [&](transaction& tx, std::size_t i) {
+        if (inside_ && std::exchange(first, false))
+          pause_({Step::business_write, &items[i].key, items[i].fence});
+        const FenceScope scope(items[i].fence);
+        business(tx, i);
+      });
+    });
+    // An item the store blamed on its business write is answered with the error, not thrown.
+    for (std::size_t i = 0; i < answers.size() && i < items.size(); ++i) {
+      const ItemCommit& answer = answers[i];
+      if (!answer.error && answer.status == CommitStatus::committed)
+        committed_under(items[i].key, items[i].fence);
+      if (!answer.error) continue;
+      try {
+        std::rethrow_exception(answer.error);
+      } catch (const BusinessWriteError& e) {
+        blame(e);
+      } catch (...) {
+      }
+    }
+    return lost(std::move(answers));
+  }
+
+  /// The fence under which the store last answered `committed` for `key` (a commit of any kind,
+  /// on any thread), or 0. With group commit, an event's commit runs on whichever thread leads
+  /// its group, so a caller finds its commit's fence here rather than in its thread's ledger.
+  [[nodiscard]] std::int64_t committed_fence(const Key& key) const {
+    std::lock_guard lock(ledger_mutex_);
+    const auto it = latest_.find(key);
+    return it == latest_.end() ? 0 : it->second;
   }
 
   /// Forwards `fail`.
@@ -315,9 +370,18 @@ class PausingStore {
     try {
       return commit();
     } catch (const BusinessWriteError& e) {
-      if (blamed_.fetch_add(1) == 0) first_blame_ = e.what();
+      blame(e);
       throw;
     }
+  }
+
+  void blame(const BusinessWriteError& e) {
+    if (blamed_.fetch_add(1) == 0) first_blame_ = e.what();
+  }
+
+  void committed_under(const Key& key, std::int64_t fence) {
+    std::lock_guard lock(ledger_mutex_);
+    latest_[key] = fence;
   }
 
   template <class T>
@@ -336,6 +400,8 @@ class PausingStore {
   std::atomic<int> lose_at_{0};
   std::atomic<int> blamed_{0};
   std::string first_blame_;
+  mutable std::mutex ledger_mutex_;
+  std::map<Key, std::int64_t> latest_;
 };
 
 /// A downstream decorator: `claim` and `lookup` go to `Inner` after `pause` let the thread go on.

@@ -100,13 +100,29 @@ class Turnstile {
   /// In the scheduling thread: waits until every actor is held or has ended, and returns the held
   /// ones. An actor that reaches no hold within `patience` is blocked where no schedule can free
   /// it (a lock held by a held actor): the process aborts, naming where the others are held.
-  std::vector<Held> settle(std::chrono::seconds patience = std::chrono::seconds(120)) {
+  ///
+  /// `parked`, if given, counts the actors that wait on another actor outside any hold right now
+  /// (callers of a gate's group commit, waiting for the group another actor leads): the turnstile
+  /// settles once every other actor is held or has ended. It must count under one lock, and an
+  /// actor it counts must stay parked until a running actor frees it.
+  std::vector<Held> settle(std::chrono::seconds patience = std::chrono::seconds(120),
+                           const std::function<std::size_t()>& parked = {}) {
     std::unique_lock lock(mutex_);
-    const bool settled = changed_.wait_for(lock, patience, [&] {
+    const auto settled_now = [&] {
+      std::size_t running = 0;
       for (const Actor& a : actors_)
-        if (!a.held && !a.done) return false;
-      return true;
-    });
+        if (!a.held && !a.done) ++running;
+      return running == 0 || (parked && running == parked());
+    };
+    bool settled = false;
+    if (!parked) {
+      settled = changed_.wait_for(lock, patience, settled_now);
+    } else {
+      // Parked actors change no state of the turnstile's: look again every millisecond.
+      const auto until = std::chrono::steady_clock::now() + patience;
+      while (!(settled = settled_now()) && std::chrono::steady_clock::now() < until)
+        changed_.wait_for(lock, std::chrono::milliseconds(1));
+    }
     if (!settled) {
       std::fprintf(stderr, "turnstile: an actor reached no hold within %lld s; held:",
                    static_cast<long long>(patience.count()));

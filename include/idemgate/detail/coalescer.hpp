@@ -79,7 +79,9 @@ class Coalescer {
       queued_.push_back(&slot);
       for (Slot* leader : gathering_) leader->wake.notify_one();
       while (!slot.done) {
-        if (!slot.taken && running_ < limits_.max_running) {
+        // The oldest queued item leads the next group: groups form in the order of the calls,
+        // whichever thread wakes first.
+        if (!slot.taken && running_ < limits_.max_running && queued_.front() == &slot) {
           lead(lock, slot);
           break;
         }
@@ -110,6 +112,14 @@ class Coalescer {
     return items_;
   }
 
+  /// Callers that wait on another caller right now: queued behind a running group, or members
+  /// of a group another caller runs (the oldest queued item, about to lead, is not counted).
+  [[nodiscard]] std::size_t parked() const {
+    std::lock_guard lock(mutex_);
+    const bool next_leads = !queued_.empty() && running_ < limits_.max_running;
+    return members_ + queued_.size() - (next_leads ? 1 : 0);
+  }
+
  private:
   // With the lock held: forms a group around `own`, runs it unlocked, answers its callers.
   void lead(std::unique_lock<std::mutex>& lock, Slot& own) {
@@ -135,6 +145,9 @@ class Coalescer {
     }
     ++groups_;
     items_ += group.size();
+    members_ += group.size() - 1;
+    // A new oldest item may lead a group of its own.
+    if (!queued_.empty() && running_ < limits_.max_running) queued_.front()->wake.notify_one();
     lock.unlock();
     try {
       run_(std::span<Slot* const>(group));
@@ -147,8 +160,9 @@ class Coalescer {
       s->done = true;
       if (s != &own) s->wake.notify_one();
     }
+    members_ -= group.size() - 1;
     --running_;
-    // The oldest waiting item leads the next group (unless a new caller took it first).
+    // The oldest waiting item leads the next group.
     if (!queued_.empty()) queued_.front()->wake.notify_one();
   }
 
@@ -163,6 +177,7 @@ class Coalescer {
   std::vector<Slot*> queued_;     // submitted, not yet in a group (oldest first)
   std::vector<Slot*> gathering_;  // leaders waiting out their window
   std::size_t running_ = 0;
+  std::size_t members_ = 0;  // in a running group, not its leader
   std::size_t groups_ = 0;
   std::size_t items_ = 0;
 };

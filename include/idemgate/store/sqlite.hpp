@@ -423,7 +423,7 @@ class SqliteStore {
             } else {
               auto write = [&](SqliteTransaction& tx) { business(tx, i); };
               run_business(item.key, item.fence, now, write);
-              simple("RELEASE SAVEPOINT idemgate_item", "committing a group");
+              release_item_savepoint(item.key);
               included.push_back(i);
               ++k;
               continue;
@@ -1289,6 +1289,21 @@ class SqliteStore {
     step.bind(doing);
     step.step(doing);
     step.reset();
+  }
+
+  // Ends the current item's savepoint of a group commit, after its business write: gone only if
+  // the business write released it or rolled back past it.
+  void release_item_savepoint(const Key& key) {
+    try {
+      simple("RELEASE SAVEPOINT idemgate_item", "committing a group");
+    } catch (const detail::sqlite::Error& e) {
+      if (e.busy()) throw;
+      throw BusinessWriteError(
+          "idemgate: the business write for key " + key.hex() + " on " + path_ +
+          " broke the store's transaction: the store's savepoint for it is gone (" + e.what() +
+          "). Nothing of it was committed: the row stays in flight. Do not ack; fix the "
+          "business write: never RELEASE or ROLLBACK TO a savepoint it did not make.");
+    }
   }
 
   // Undoes the current item of a group commit; false when the transaction is gone.
