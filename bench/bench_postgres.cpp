@@ -140,6 +140,9 @@ GatedStore& worker_gate_16() {
 idemgate::GateOptions coalescing() {
   idemgate::GateOptions options;
   options.coalesce.enabled = true;
+  if (const char* g = std::getenv("XG")) options.coalesce.concurrent_groups = std::stoul(g);
+  if (const char* w = std::getenv("XW")) options.coalesce.window = std::chrono::microseconds(std::stol(w));
+  if (const char* m = std::getenv("XM")) options.coalesce.max_events = std::stoul(m);
   return options;
 }
 

@@ -1032,7 +1032,18 @@ class SqliteStore {
     if (!lock.try_lock()) {
       // Who holds the store now, for the error: by the deadline it may have just let go.
       const Holder before = holder();
-      if (!lock.try_lock_until(deadline)) throw held_in_process(doing, key, before);
+      // The wait is against the system clock, re-armed until the steady deadline (a clock that
+      // jumps cannot stretch or cut it): libstdc++ then waits in pthread_mutex_timedlock, which
+      // the ThreadSanitizer runs of the tests see as a lock (they miss its steady-clock wait).
+      for (;;) {
+        const auto left = deadline - std::chrono::steady_clock::now();
+        if (left <= std::chrono::steady_clock::duration::zero())
+          throw held_in_process(doing, key, before);
+        if (lock.try_lock_until(
+                std::chrono::system_clock::now() +
+                std::chrono::duration_cast<std::chrono::system_clock::duration>(left)))
+          break;
+      }
     }
     const Holding holding(*this, doing);
     deadline_ = deadline;
