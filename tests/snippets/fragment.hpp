@@ -8,16 +8,16 @@
 #include <idemgate/store/sqlite.hpp>
 
 #if __has_include(<prometheus/exposer.h>)  // the metrics examples (idemgate::prometheus)
-#include <idemgate/metrics/prometheus_cpp.hpp>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
+#include <idemgate/metrics/prometheus_cpp.hpp>
 #endif
 
 using namespace snippet;
 
-void fragment(ect_delta::Notification n, Message message, SlotRequest request,
-              std::chrono::system_clock::time_point expired_at,
-              std::chrono::system_clock::time_point fixed_at) {
+void SNIPPET_FUNCTION(ect_delta::Notification n, Message message, SlotRequest request,
+                      std::chrono::system_clock::time_point expired_at,
+                      std::chrono::system_clock::time_point fixed_at) {
   idemgate::MemoryStore store;
   Terminal terminal;
   auto book = [](idemgate::MemoryStore::transaction& tx, const SlotRequest&, const std::string&) {

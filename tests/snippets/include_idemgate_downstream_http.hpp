@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-void example() {
+void SNIPPET_FUNCTION() {
   idemgate::MemoryStore store;
   auto book_in_tms = [](idemgate::MemoryStore::transaction& tx, const std::string& container,
                         const std::string& slot) { tx.on_commit([] {}); };

@@ -7,7 +7,7 @@ using namespace snippet;
 
 void book(pqxx::work& tx, const SlotRequest& r, const std::string& slot);
 
-void example(idemgate::PostgresStore& store, ect_delta::Notification n, Message message) {
+void SNIPPET_FUNCTION(idemgate::PostgresStore& store, ect_delta::Notification n, Message message) {
   Terminal terminal;
   // @snippet: the example goes here
 }

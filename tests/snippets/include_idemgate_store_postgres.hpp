@@ -3,7 +3,7 @@
 
 #include <string>
 
-void example(pqxx::work& tx, const std::string& container, const std::string& slot) {
+void SNIPPET_FUNCTION(pqxx::work& tx, const std::string& container, const std::string& slot) {
   {
     // @snippet: the example goes here
   }

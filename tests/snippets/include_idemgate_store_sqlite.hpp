@@ -6,9 +6,9 @@
 using namespace snippet;
 using namespace std::chrono_literals;
 
-void example(idemgate::SqliteTransaction& tx, idemgate::SqliteStore& store,
-             const std::string& account, const std::string& id, const std::string& container,
-             const std::string& today) {
+void SNIPPET_FUNCTION(idemgate::SqliteTransaction& tx, idemgate::SqliteStore& store,
+                      const std::string& account, const std::string& id,
+                      const std::string& container, const std::string& today) {
   {
     // @snippet: the example goes here
   }

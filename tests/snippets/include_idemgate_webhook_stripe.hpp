@@ -3,8 +3,8 @@
 
 using namespace snippet;
 
-Response handler(const Request& request, const idemgate::StandardWebhookVerifier& verifier,
-                 const std::string& secret, const Event& event) {
+Response SNIPPET_FUNCTION(const Request& request, const idemgate::StandardWebhookVerifier& verifier,
+                          const std::string& secret, const Event& event) {
   {
     // @snippet: the example goes here
   }
