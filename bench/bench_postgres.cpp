@@ -11,7 +11,7 @@
 //   postgres/gate_16_workers 16 threads sharing one gate over a pool of 16 connections (many
 //                            deliveries at once: the database's group commit is what they share);
 //                            --worker-events / 4 events per thread, as many as 4 workers run
-//   postgres/gate_16_workers_coalesced  the same with GateOptions::coalesce (window 0)
+//   postgres/gate_16_workers_coalesced  the same with GateOptions::coalesce (window 300 us)
 //   postgres/gate_coalesced  one gated event through a coalescing gate, alone (window 0)
 //   postgres/reserve         the reservation alone, on --growth-table (reserve cost vs size)
 // Latencies are per event (p50_us, p99_us); throughput is events_per_s. Every connection is
@@ -135,25 +135,27 @@ GatedStore& worker_gate_16() {
   return gated;
 }
 
-// Group commit (GateOptions::coalesce), window 0: the 16 workers' calls that arrive while a
-// group runs share the next group's reservation statement and commit transaction.
-idemgate::GateOptions coalescing() {
+// Group commit (GateOptions::coalesce): the calls that arrive while a group runs share the next
+// group's reservation statement and commit transaction.
+idemgate::GateOptions coalescing(std::chrono::microseconds window) {
   idemgate::GateOptions options;
   options.coalesce.enabled = true;
-  if (const char* g = std::getenv("XG")) options.coalesce.concurrent_groups = std::stoul(g);
-  if (const char* w = std::getenv("XW")) options.coalesce.window = std::chrono::microseconds(std::stol(w));
-  if (const char* m = std::getenv("XM")) options.coalesce.max_events = std::stoul(m);
+  options.coalesce.window = window;
   return options;
 }
 
+// 16 workers with a window of 300 us: the callers a group releases reach the next step a few
+// hundred microseconds apart, and the window lets them form one group instead of a first caller
+// alone and then the rest (with a window of 0, every other group held one call).
 GatedStore& worker_gate_16_coalesced() {
-  static GatedStore gated(settings.uri, store_options(16), coalescing());
+  static GatedStore gated(settings.uri, store_options(16),
+                          coalescing(std::chrono::microseconds(300)));
   return gated;
 }
 
 // A lone delivery through a coalescing gate (nothing else waiting, window 0).
 GatedStore& coalescing_gate() {
-  static GatedStore gated(settings.uri, store_options(1), coalescing());
+  static GatedStore gated(settings.uri, store_options(1), coalescing(std::chrono::microseconds(0)));
   return gated;
 }
 
