@@ -1054,16 +1054,7 @@ class PostgresStore {
       } catch (const detail::ConnectionUnavailable& e) {
         why = e.what();
       }
-      if (attempt >= options_.commit_attempts)
-        throw StoreError("idemgate: the batch commit of " + std::to_string(items.size()) +
-                         " events failed " + std::to_string(attempt) + " times (" + trimmed(why) +
-                         "); nothing was committed, or it could not be confirmed. Do not ack: "
-                         "the redelivery or the reconciler finishes them.");
-      const auto pause = backoff(attempt);
-      log("idemgate: batch commit attempt " + std::to_string(attempt) + " of " +
-          std::to_string(options_.commit_attempts) + " failed (" + trimmed(why) +
-          "); trying again in " + detail::describe(pause) + ".");
-      std::this_thread::sleep_for(pause);
+      pause_or_give_up("batch commit", items.size(), attempt, why);
     }
   }
 
@@ -1227,16 +1218,7 @@ class PostgresStore {
       } catch (const detail::ConnectionUnavailable& e) {
         why = e.what();
       }
-      if (attempt >= options_.commit_attempts)
-        throw StoreError("idemgate: the group commit of " + std::to_string(open.size()) +
-                         " events failed " + std::to_string(attempt) + " times (" + trimmed(why) +
-                         "); nothing was committed, or it could not be confirmed. Do not ack: "
-                         "the redelivery or the reconciler finishes them.");
-      const auto pause = backoff(attempt);
-      log("idemgate: group commit attempt " + std::to_string(attempt) + " of " +
-          std::to_string(options_.commit_attempts) + " failed (" + trimmed(why) +
-          "); trying again in " + detail::describe(pause) + ".");
-      std::this_thread::sleep_for(pause);
+      pause_or_give_up("group commit", open.size(), attempt, why);
       ++attempt;
     }
   }
@@ -1601,6 +1583,21 @@ class PostgresStore {
       if (ended_transaction(e)) throw broken_transaction(key, e.what());
       throw;
     }
+  }
+
+  // After a failed attempt of a batch or group commit of `events` events: throws `StoreError`
+  // once `commit_attempts` ran out, otherwise says so in the log and waits the backoff.
+  void pause_or_give_up(const char* what, std::size_t events, int attempt, const std::string& why) {
+    if (attempt >= options_.commit_attempts)
+      throw StoreError(std::string("idemgate: the ") + what + " of " + std::to_string(events) +
+                       " events failed " + std::to_string(attempt) + " times (" + trimmed(why) +
+                       "); nothing was committed, or it could not be confirmed. Do not ack: "
+                       "the redelivery or the reconciler finishes them.");
+    const auto pause = backoff(attempt);
+    log(std::string("idemgate: ") + what + " attempt " + std::to_string(attempt) + " of " +
+        std::to_string(options_.commit_attempts) + " failed (" + trimmed(why) +
+        "); trying again in " + detail::describe(pause) + ".");
+    std::this_thread::sleep_for(pause);
   }
 
   // Undoes the current item of a group commit; false when the transaction is gone (libpqxx 6.4
