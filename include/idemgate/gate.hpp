@@ -54,11 +54,13 @@ struct Coalescing {
 
 /// What group commit did so far (`Gate::coalescing`): groups run, and events in them.
 struct CoalescingStats {
-  /// Reservation groups run, and the reservations in them.
+  /// Reservation groups run.
   std::size_t reservation_groups = 0;
+  /// Reservations run in those groups.
   std::size_t reservations = 0;
-  /// Commit groups run, and the commits in them.
+  /// Commit groups run.
   std::size_t commit_groups = 0;
+  /// Commits run in those groups.
   std::size_t commits = 0;
   /// Calls that wait on another call's group right now: queued behind a running group, or in
   /// a group another call runs.
