@@ -42,9 +42,6 @@ class Coalescer {
  public:
   /// One submitted item, its answer once the group ran, or what it threw.
   struct Slot {
-    /// A slot for `submitted`.
-    explicit Slot(Item submitted) : item(std::move(submitted)) {}
-
     /// What the caller submitted.
     Item item;
     /// The runner's answer.
@@ -54,8 +51,6 @@ class Coalescer {
     // Taken into a group; its group ran.
     bool taken = false;
     bool done = false;
-    // Wakes this caller alone: its group ran, it may lead, or (leading) another item came.
-    std::condition_variable wake;
   };
 
   /// Runs a group: answers every slot, or throws.
@@ -73,11 +68,11 @@ class Coalescer {
   /// Runs `item` in a group, led by this caller or another, and returns its answer (or rethrows
   /// what its run threw).
   Answer submit(Item item) {
-    Slot slot{std::move(item)};
+    Slot slot{std::move(item), std::nullopt, nullptr};
     {
       std::unique_lock lock(mutex_);
       queued_.push_back(&slot);
-      for (Slot* leader : gathering_) leader->wake.notify_one();
+      changed_.notify_all();
       while (!slot.done) {
         // The oldest queued item leads the next group: groups form in the order of the calls,
         // whichever thread wakes first.
@@ -85,7 +80,7 @@ class Coalescer {
           lead(lock, slot);
           break;
         }
-        slot.wake.wait(lock);
+        changed_.wait(lock);
       }
     }
     if (slot.error) std::rethrow_exception(slot.error);
@@ -128,9 +123,7 @@ class Coalescer {
     std::vector<Slot*> group{&own};
     if (limits_.window > std::chrono::microseconds(0)) {
       const auto until = std::chrono::steady_clock::now() + limits_.window;
-      gathering_.push_back(&own);
-      own.wake.wait_until(lock, until, [&] { return queued_.size() + 1 >= limits_.max_group; });
-      std::erase(gathering_, &own);
+      changed_.wait_until(lock, until, [&] { return queued_.size() + 1 >= limits_.max_group; });
     }
     for (std::size_t i = 0; i < queued_.size() && group.size() < limits_.max_group;) {
       Slot* next = queued_[i];
@@ -146,8 +139,7 @@ class Coalescer {
     ++groups_;
     items_ += group.size();
     members_ += group.size() - 1;
-    // A new oldest item may lead a group of its own.
-    if (!queued_.empty() && running_ < limits_.max_running) queued_.front()->wake.notify_one();
+    changed_.notify_all();  // a new oldest item may lead a group of its own
     lock.unlock();
     try {
       run_(std::span<Slot* const>(group));
@@ -156,14 +148,10 @@ class Coalescer {
         if (!s->answer && !s->error) s->error = std::current_exception();
     }
     lock.lock();
-    for (Slot* s : group) {
-      s->done = true;
-      if (s != &own) s->wake.notify_one();
-    }
+    for (Slot* s : group) s->done = true;
     members_ -= group.size() - 1;
     --running_;
-    // The oldest waiting item leads the next group.
-    if (!queued_.empty()) queued_.front()->wake.notify_one();
+    changed_.notify_all();
   }
 
   void take(Slot& slot) {
@@ -174,8 +162,8 @@ class Coalescer {
   const CoalescerLimits limits_;
   const Runner run_;
   mutable std::mutex mutex_;
-  std::vector<Slot*> queued_;     // submitted, not yet in a group (oldest first)
-  std::vector<Slot*> gathering_;  // leaders waiting out their window
+  std::condition_variable changed_;
+  std::vector<Slot*> queued_;  // submitted, not yet in a group (oldest first)
   std::size_t running_ = 0;
   std::size_t members_ = 0;  // in a running group, not its leader
   std::size_t groups_ = 0;
