@@ -734,9 +734,20 @@ int run(const Options& o) {
 
   bool recovered_all = true;
   double slowest = 0;
-  for (auto& f : faults) {
-    // A store error while the fault lasted (and shortly after) strands the event as well.
-    f.stranded.merge(consumers.errors(f.consumer, f.at, f.over + 5s));
+  for (std::size_t i = 0; i < faults.size(); ++i) {
+    auto& f = faults[i];
+    // A store error while the fault lasted (and shortly after) strands the event as well, up to
+    // the next fault that reaches the same consumer: an error after that one began is charged to
+    // it, and its recovery is measured from its own start.
+    auto errors_until = f.over + 5s;
+    for (std::size_t j = i + 1; j < faults.size(); ++j) {
+      const auto& next = faults[j];
+      if (f.consumer < 0 || next.consumer < 0 || next.consumer == f.consumer) {
+        errors_until = std::min(errors_until, next.at);
+        break;
+      }
+    }
+    f.stranded.merge(consumers.errors(f.consumer, f.at, errors_until));
     double last = epoch_seconds(f.at);
     bool all_booked = true;
     for (const auto& id : f.stranded) {
