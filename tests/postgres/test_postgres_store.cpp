@@ -594,6 +594,52 @@ INSTANTIATE_TEST_SUITE_P(FirstMiddleLast, SwallowedSqlError,
                            return std::string("Unknown");
                          });
 
+// A business write that ends its own transaction (ROLLBACK or COMMIT through it) and returns:
+// the status update after it must not run on its own. Before the check, a ROLLBACK left the
+// status committed without its booking.
+TEST_F(PostgresGate, ABusinessWriteThatEndsItsTransactionIsRefusedAndNothingCommitsWithoutIt) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  for (const char* end : {"ROLLBACK", "COMMIT"}) {
+    SCOPED_TRACE(end);
+    Gate gate{*store, terminal,
+              [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+                booking_writer()(tx, key, r, slot);
+                pq::exec(tx, end);
+              }};
+    const Key key = idemgate::derive_key("ect.claim_slot", "CIS-ends", end);
+    try {
+      (void)gate.process(key, msku);
+      FAIL() << "a business write that ended its transaction must not be acked";
+    } catch (const idemgate::BusinessWriteError& e) {
+      EXPECT_NE(std::string(e.what()).find(key.hex()), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight)
+        << "the status committed on its own, apart from the business write";
+  }
+  // The batch commit checks the statement after each business write the same way.
+  const Key first = idemgate::derive_key("b", "ends", "first");
+  const Key second = idemgate::derive_key("b", "ends", "second");
+  Gate gate{*store, terminal,
+            [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+              booking_writer()(tx, key, r, slot);
+              if (key == second) pq::exec(tx, "ROLLBACK");
+            }};
+  std::vector<idemgate::BatchMessage<SlotRequest>> batch{{"m1", first, SlotRequest{"C1", "w"}},
+                                                         {"m2", second, SlotRequest{"C2", "w"}}};
+  const auto result = gate.process_batch(batch);
+  ASSERT_EQ(result.items().size(), 2u);
+  EXPECT_EQ(result.items()[1].result.status(), Status::retry) << result.items()[1].result.reason();
+  EXPECT_NE(store->find(second)->status, RecordStatus::committed);
+  // No committed status without its booking. (A COMMIT inside the business write commits what
+  // came before it on its own: that booking has no committed status, and the message says so.)
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log +
+                     " l WHERE status = 'committed' AND NOT EXISTS (SELECT 1 FROM " + bookings +
+                     " b WHERE b.source_event = l.key)"),
+            0)
+      << "a committed status without its booking";
+}
+
 TEST(PostgresStore, MissingTableSaysToMigrate) {
   const std::string uri = idemgate::test::pg_uri();
   ASSERT_FALSE(uri.empty());

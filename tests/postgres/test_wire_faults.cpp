@@ -933,8 +933,8 @@ TEST_F(CoalescedWireFaultTest, ASwallowedSqlErrorAndALostCommitReplyInOneGroup) 
 // A business write that ends the group's transaction itself (a ROLLBACK or a COMMIT through its
 // transaction) costs only its own event, wherever it is in the group: the statement after it is
 // checked, the group runs again without it, and no other event is answered committed unless its
-// row and its booking did commit. (Its own status, sent after its ROLLBACK, runs outside any
-// transaction, as with a single commit: the event itself is not checked here.)
+// row and its booking did commit. (The single and batch commits' check is tested in
+// test_postgres_store.)
 TEST_F(CoalescedWireFaultTest, AMemberWhoseBusinessWriteEndsTheTransactionCostsOnlyItsOwnEvent) {
   for (const char* sql : {"ROLLBACK", "COMMIT"}) {
     for (std::size_t broken = 0; broken < 3; ++broken) {

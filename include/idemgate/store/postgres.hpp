@@ -468,7 +468,7 @@ class PostgresStore {
   CommitStatus commit(const Key& key, std::int64_t fence, std::string_view result,
                       BusinessWrite&& business) {
     const std::string key_param = detail::pq::bytea_param(key.view());
-    const std::string update = fenced_update_sql(key, fence, result);
+    const std::string update = in_open_transaction(fenced_update_sql(key, fence, result));
     return with_commit_retries(key, [&](Lease& c, int attempt) -> CommitStatus {
       if (attempt > 1) {
         // The previous attempt's COMMIT may have landed before its connection broke: find out
@@ -1026,8 +1026,11 @@ class PostgresStore {
           // outside the transaction.
           for (std::size_t i = 0; i < items.size(); ++i) {
             run_business_write(items[i].key, [&] { business(tx, i); });
-            const pqxx::result updated = fenced_update(
-                tx, fenced_update_sql(items[i].key, items[i].fence, items[i].result), items[i].key);
+            const pqxx::result updated =
+                fenced_update(tx,
+                              in_open_transaction(
+                                  fenced_update_sql(items[i].key, items[i].fence, items[i].result)),
+                              items[i].key);
             if (detail::pq::affected_rows(updated) == 0) return std::nullopt;  // a fence moved
           }
           may_have_landed = true;  // from here on, the COMMIT may land whatever we hear back
@@ -1555,6 +1558,14 @@ class PostgresStore {
            " SET status = 'committed', result = " + detail::pq::bytea_literal(result) +
            ", updated_at = now() WHERE key = " + detail::pq::bytea_literal(key.view()) +
            " AND status = 'in_flight' AND fence = " + std::to_string(fence);
+  }
+
+  // `sql` behind a statement that PostgreSQL refuses outside a transaction block (the implicit
+  // block of a multi-statement query included): when a business write ended the transaction
+  // itself (ROLLBACK, COMMIT) and went on, the statement after it fails instead of running, and
+  // committing, on its own. One round trip with the statement.
+  static std::string in_open_transaction(const std::string& sql) {
+    return "SAVEPOINT idemgate_open; RELEASE SAVEPOINT idemgate_open; " + sql;
   }
 
   // Runs the status update that follows a business write. It goes through libpqxx's checked
