@@ -208,9 +208,12 @@ class PausingStore {
   }
 
   /// Forwards `commit_each` where the inner store has it (group commit). The group is held once,
-  /// as one step of the thread that runs it (the group's leader, whose step it is), and only
-  /// its first business write is held inside: later ones run after earlier items' fenced
-  /// updates, which hold row locks. Every item's fence goes to the ledgers; each business write
+  /// before it starts, as one step of the thread that runs it (the group's leader, whose step it
+  /// is); never inside: every business write of a group runs after its own item's fenced update
+  /// (and the earlier items'), whose row locks last until the group commits. Held there, the
+  /// group would keep those rows locked while the schedule runs others, and a lease expiry or a
+  /// takeover of one of them would wait on the database for the held thread: a deadlock of the
+  /// schedule, never of the gate. Every item's fence goes to the ledgers; each business write
   /// runs with its own item's fence in the thread's ledger.
   template <class BusinessWrite>
   requires requires(Inner& s, std::span<const CommitItem> items) {
@@ -219,11 +222,8 @@ class PausingStore {
   std::vector<ItemCommit> commit_each(std::span<const CommitItem> items, BusinessWrite&& business) {
     pause_({Step::commit});
     for (const CommitItem& item : items) thread_ledger().committing[item.key] = item.fence;
-    bool first = true;
     std::vector<ItemCommit> answers = counted([&] {
       return inner_.commit_each(items, [&](transaction& tx, std::size_t i) {
-        if (inside_ && std::exchange(first, false))
-          pause_({Step::business_write, &items[i].key, items[i].fence});
         const FenceScope scope(items[i].fence);
         business(tx, i);
       });
