@@ -42,6 +42,9 @@ class Coalescer {
  public:
   /// One submitted item, its answer once the group ran, or what it threw.
   struct Slot {
+    /// A slot for `submitted`, not yet answered.
+    explicit Slot(Item submitted) : item(std::move(submitted)) {}
+
     /// What the caller submitted.
     Item item;
     /// The runner's answer.
@@ -51,6 +54,9 @@ class Coalescer {
     // Taken into a group; its group ran.
     bool taken = false;
     bool done = false;
+    // Signalled, with the coalescer's mutex held, when this caller may go on: its group ran, it
+    // may lead the next group, or (leading) its group is full before the window ended.
+    std::condition_variable wake;
   };
 
   /// Runs a group: answers every slot, or throws.
@@ -68,19 +74,20 @@ class Coalescer {
   /// Runs `item` in a group, led by this caller or another, and returns its answer (or rethrows
   /// what its run threw).
   Answer submit(Item item) {
-    Slot slot{std::move(item), std::nullopt, nullptr};
+    Slot slot(std::move(item));
     {
       std::unique_lock lock(mutex_);
       queued_.push_back(&slot);
-      changed_.notify_all();
+      // A leader waiting out its window goes at once when its group is full.
+      for (Slot* leader : windowing_)
+        if (queued_.size() + 1 >= limits_.max_group) leader->wake.notify_one();
       while (!slot.done) {
-        // The oldest queued item leads the next group: groups form in the order of the calls,
-        // whichever thread wakes first.
+        // The oldest queued item leads the next group: groups form in the order of the calls.
         if (!slot.taken && running_ < limits_.max_running && queued_.front() == &slot) {
           lead(lock, slot);
           break;
         }
-        changed_.wait(lock);
+        slot.wake.wait(lock);
       }
     }
     if (slot.error) std::rethrow_exception(slot.error);
@@ -123,7 +130,9 @@ class Coalescer {
     std::vector<Slot*> group{&own};
     if (limits_.window > std::chrono::microseconds(0)) {
       const auto until = std::chrono::steady_clock::now() + limits_.window;
-      changed_.wait_until(lock, until, [&] { return queued_.size() + 1 >= limits_.max_group; });
+      windowing_.push_back(&own);
+      own.wake.wait_until(lock, until, [&] { return queued_.size() + 1 >= limits_.max_group; });
+      std::erase(windowing_, &own);
     }
     for (std::size_t i = 0; i < queued_.size() && group.size() < limits_.max_group;) {
       Slot* next = queued_[i];
@@ -139,7 +148,7 @@ class Coalescer {
     ++groups_;
     items_ += group.size();
     members_ += group.size() - 1;
-    changed_.notify_all();  // a new oldest item may lead a group of its own
+    wake_next_leader();  // with groups to spare, the new oldest item leads one of its own
     lock.unlock();
     try {
       run_(std::span<Slot* const>(group));
@@ -148,10 +157,18 @@ class Coalescer {
         if (!s->answer && !s->error) s->error = std::current_exception();
     }
     lock.lock();
-    for (Slot* s : group) s->done = true;
     members_ -= group.size() - 1;
     --running_;
-    changed_.notify_all();
+    for (Slot* s : group) {
+      s->done = true;
+      if (s != &own) s->wake.notify_one();
+    }
+    wake_next_leader();
+  }
+
+  // With the lock held: lets the oldest queued item lead, when a group may start.
+  void wake_next_leader() {
+    if (!queued_.empty() && running_ < limits_.max_running) queued_.front()->wake.notify_one();
   }
 
   void take(Slot& slot) {
@@ -162,8 +179,8 @@ class Coalescer {
   const CoalescerLimits limits_;
   const Runner run_;
   mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::vector<Slot*> queued_;  // submitted, not yet in a group (oldest first)
+  std::vector<Slot*> queued_;     // submitted, not yet in a group (oldest first)
+  std::vector<Slot*> windowing_;  // leaders waiting out their window
   std::size_t running_ = 0;
   std::size_t members_ = 0;  // in a running group, not its leader
   std::size_t groups_ = 0;
