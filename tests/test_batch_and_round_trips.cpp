@@ -89,6 +89,18 @@ std::string describe(const std::map<std::string, std::int64_t>& calls) {
   return out;
 }
 
+/// Takes out of `calls` the SAVEPOINT and RELEASE that ride in front of each status update after
+/// a business write, in the same round trip (they make the update fail if the business write
+/// ended the transaction itself), and answers how many such checks there were.
+std::int64_t take_open_transaction_checks(std::map<std::string, std::int64_t>& calls) {
+  const auto savepoints = calls.extract("SAVEPOINT idemgate_open");
+  const auto releases = calls.extract("RELEASE SAVEPOINT idemgate_open");
+  const std::int64_t s = savepoints ? savepoints.mapped() : 0;
+  const std::int64_t r = releases ? releases.mapped() : 0;
+  EXPECT_EQ(s, r) << "every check's savepoint is released at once";
+  return s;
+}
+
 void reset_statement_counts() {
   // The view and the reset live in whichever database has the extension; they cover all.
   idemgate::test::pg_exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
@@ -123,7 +135,8 @@ TEST(RoundTrips, FirstDeliveryAddsTwoStatementsToTheBusinessWriteAndADuplicateCo
   reset_statement_counts();
   ASSERT_EQ(gate.process(idemgate::derive_key("rt", "first"), {"C2", "w"}).status(),
             Status::processed);
-  const auto first = statements_in(db);
+  auto first = statements_in(db);
+  EXPECT_EQ(take_open_transaction_checks(first), 1) << describe(first);
 
   reset_statement_counts();
   ASSERT_EQ(gate.process(idemgate::derive_key("rt", "first"), {"C2", "w"}).status(),
@@ -158,10 +171,12 @@ TEST(RoundTrips, BatchOfTenReservesInOneStatementAndCommitsInOneTransaction) {
                      {"C" + std::to_string(i), "w"}});
   reset_statement_counts();
   const auto result = gate.process_batch(batch);
-  const auto calls = statements_in(db);
+  auto calls = statements_in(db);
   for (const auto& item : result.items()) EXPECT_EQ(item.result.status(), Status::processed);
   // One reservation, BEGIN, ten business inserts each followed by its fenced update (so that a
-  // business write that breaks the transaction is caught before the next one runs), COMMIT.
+  // business write that breaks the transaction is caught before the next one runs), COMMIT. Each
+  // update carries its check in its own round trip.
+  EXPECT_EQ(take_open_transaction_checks(calls), 10) << describe(calls);
   EXPECT_EQ(total(calls), 23) << describe(calls);
   EXPECT_EQ(db.count("SELECT count(*) FROM bookings"), 11);
 }
