@@ -244,7 +244,7 @@ class BareInsert {
 // parameters, the same two transactions (the reservation in autocommit, then BEGIN / business
 // INSERT / fenced UPDATE / COMMIT, in the gate's order), on one connection of the same driver
 // kept for the process. The gate sends its fenced update unprepared through libpqxx's checked
-// path; the hand loop prepares it.
+// path, behind a SAVEPOINT check in the same round trip; the hand loop prepares it, unchecked.
 class HandLoop {
  public:
   HandLoop() : connection_(settings.uri) {
