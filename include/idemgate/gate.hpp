@@ -653,12 +653,16 @@ class Gate {
     std::string outcome_bytes;
   };
 
+  // Whether the store reserves many keys in one statement (`reserve_batch`).
+  static constexpr bool reserves_in_batches =
+      requires(Store & store, std::span<const ReserveItem> items, std::chrono::milliseconds lease) {
+    store.reserve_batch(items, lease);
+  };
+
   std::vector<Reservation> reserve_all(std::span<const BatchMessage<request_type>> messages,
                                        const std::vector<std::size_t>& pending,
                                        const std::vector<BatchSlot>& slots) {
-    if constexpr (requires(std::span<const ReserveItem> items) {
-                    store_.reserve_batch(items, options_.lease);
-                  }) {
+    if constexpr (reserves_in_batches) {
       std::vector<ReserveItem> items;
       items.reserve(pending.size());
       for (std::size_t i : pending)
@@ -817,9 +821,7 @@ class Gate {
   // A group of reservations in one statement where the store can; alone, or on a store without
   // `reserve_batch`, one by one, each answered or failed on its own.
   void run_reservations(std::span<typename ReserveGroup::Slot* const> group) {
-    if constexpr (requires(std::span<const ReserveItem> items) {
-                    store_.reserve_batch(items, options_.lease);
-                  }) {
+    if constexpr (reserves_in_batches) {
       if (group.size() > 1) {
         std::vector<ReserveItem> items;
         items.reserve(group.size());
