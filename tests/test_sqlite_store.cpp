@@ -136,7 +136,7 @@ TEST(SqliteStore, SeveralProcessesOnOneFileClaimAndBookEachEventOnce) {
   const auto codes = idemgate::test::run_in_children(4, [&](int c) {
     SqliteStore store(f.db, {.busy_timeout = 20s});
     SharedTerminal terminal(terminal_db);
-    Gate gate{store, terminal, book};
+    Gate gate{"ect.claim_slot", store, terminal, book};
     int code = 0;
     for (const auto& n : idemgate::test::monday_deliveries(100 + static_cast<unsigned>(c))) {
       const Key key = idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
@@ -452,13 +452,15 @@ TEST(SqliteStore, MigrateCreatesTheMismatchTableAndTheIndexesTheSignalsAndPurgeU
             1)
       << "the escalated index holds only escalated rows";
   // The shapes of the store's reads: each is narrowed by an index, never a walk over the log.
+  // Every read is one gate's, and every index leads with the gate.
   const std::vector<std::string> reads = {
-      "SELECT count(*), sum(duplicates) FROM idemgate_log WHERE created_at >= ?1",
-      "SELECT count(*), min(created_at) FROM idemgate_log WHERE status = 'in_flight'",
-      "SELECT count(*) FROM idemgate_log WHERE status = 'escalated'",
-      "SELECT count(DISTINCT key) FROM idemgate_log_mismatches WHERE at >= ?1",
-      "DELETE FROM idemgate_log WHERE key IN (SELECT key FROM idemgate_log WHERE created_at < ?1 "
-      "AND status IN ('committed', 'failed') LIMIT ?2)"};
+      "SELECT count(*), sum(duplicates) FROM idemgate_log WHERE gate = ?2 AND created_at >= ?1",
+      "SELECT count(*), min(created_at) FROM idemgate_log WHERE gate = ?1 AND status = "
+      "'in_flight'",
+      "SELECT count(*) FROM idemgate_log WHERE gate = ?1 AND status = 'escalated'",
+      "SELECT count(DISTINCT key) FROM idemgate_log_mismatches WHERE gate = ?2 AND at >= ?1",
+      "DELETE FROM idemgate_log WHERE gate = ?3 AND key IN (SELECT key FROM idemgate_log WHERE "
+      "gate = ?3 AND created_at < ?1 AND status IN ('committed', 'failed') LIMIT ?2)"};
   for (const std::string& sql : reads) {
     const auto lines = plan(raw.get(), sql);
     EXPECT_FALSE(scans_whole(lines, "idemgate_log")) << sql;
@@ -600,7 +602,7 @@ TEST(SqliteStore, BusinessStatementThatFailsRollsTheCommitBack) {
 TEST(SqliteStore, GateBooksOnceAndAnswersDuplicatesFromTheLog) {
   Fixture f;
   idemgate::test::FakeTerminal<> terminal;
-  Gate gate{f.store, terminal, book};
+  Gate gate{"ect.claim_slot", f.store, terminal, book};
   const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", msku.container);
   const auto first = gate.process(key, msku);
@@ -622,11 +624,11 @@ TEST(SqliteStore, ReleaseEndsTheLeaseAtTheSmallestTimeAndTheNextDeliveryTakesOve
     if (failures-- > 0) return idemgate::TransientFailure{"503 from the terminal"};
     return std::nullopt;
   };
-  Gate gate{f.store, terminal, book};
+  Gate gate{"ect.claim_slot", f.store, terminal, book};
   const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-503", msku.container);
   EXPECT_EQ(gate.process(key, msku).status(), idemgate::Status::retry);
-  const auto released = f.store.find(key);
+  const auto released = gate.store().find(key);
   ASSERT_TRUE(released.has_value()) << "a released row stays";
   EXPECT_EQ(released->status, RecordStatus::in_flight);
   EXPECT_EQ(released->lease_until, std::chrono::system_clock::time_point::min())
@@ -636,7 +638,7 @@ TEST(SqliteStore, ReleaseEndsTheLeaseAtTheSmallestTimeAndTheNextDeliveryTakesOve
   const auto next = gate.process(key, msku);
   EXPECT_EQ(next.status(), idemgate::Status::processed);
   EXPECT_TRUE(next.took_over());
-  EXPECT_EQ(f.store.find(key)->fence, 2);
+  EXPECT_EQ(gate.store().find(key)->fence, 2);
   EXPECT_EQ(gate.process(key, msku).status(), idemgate::Status::duplicate);
   EXPECT_EQ(terminal.calls(), 2) << "the refused claim and the redelivery's";
   EXPECT_EQ(terminal.slots_issued(), 1) << "only the redelivery's claim got through";
@@ -859,7 +861,7 @@ TEST(SqliteStore, GateOverABusinessWriteThatSwallowsRollbacksNeverBooksTwice) {
   idemgate::test::FakeTerminal<> terminal;
   std::string note = "refuse";
   Gate gate{
-      f.store, terminal,
+      "ect.claim_slot", f.store, terminal,
       [&](SqliteTransaction& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
         try {
           tx.exec("INSERT INTO audit VALUES (?)", note);
@@ -879,20 +881,20 @@ TEST(SqliteStore, GateOverABusinessWriteThatSwallowsRollbacksNeverBooksTwice) {
     }
   }
   // A reconciler pass over the released row fares no better.
-  const auto stranded = f.store.take_stale(10, 0s, 1min);
+  const auto stranded = gate.store().take_stale(10, 0s, 1min);
   ASSERT_EQ(stranded.size(), 1u);
-  EXPECT_THROW((void)f.store.commit(key, stranded[0].fence, "slot-1",
-                                    [&](SqliteTransaction& tx) {
-                                      try {
-                                        tx.exec("INSERT INTO audit VALUES ('refuse')");
-                                      } catch (const StoreError&) {
-                                      }
-                                      book(tx, key, msku, "slot-1");
-                                    }),
+  EXPECT_THROW((void)gate.store().commit(key, stranded[0].fence, "slot-1",
+                                         [&](SqliteTransaction& tx) {
+                                           try {
+                                             tx.exec("INSERT INTO audit VALUES ('refuse')");
+                                           } catch (const StoreError&) {
+                                           }
+                                           book(tx, key, msku, "slot-1");
+                                         }),
                StoreError);
   EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0) << "never booked without the log";
   EXPECT_EQ(committed_status(f.db, key), "in_flight");
-  ASSERT_TRUE(f.store.release(key, stranded[0].fence));
+  ASSERT_TRUE(gate.store().release(key, stranded[0].fence));
 
   note = "fine";
   EXPECT_EQ(gate.process(key, msku).status(), idemgate::Status::processed);

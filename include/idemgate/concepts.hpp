@@ -3,6 +3,7 @@
 #pragma once
 
 #include "codec.hpp"
+#include "gate_name.hpp"
 #include "key.hpp"
 #include "outcome.hpp"
 #include "record.hpp"
@@ -30,6 +31,12 @@ struct BusinessWriteProbe {
 /**
  * Concept: a durable idempotency log with one atomic reservation and fenced commits.
  *
+ * A store object is a handle on a log scoped to one gate: `for_gate(name)` returns a handle on
+ * the same log (sharing its connections) that sees only the rows of gate `name`, and `gate()`
+ * names the scope ("" for rows that belong to no gate: the scope of a handle never scoped, and
+ * of rows written before logs knew their gates). Every operation of a handle reads and writes
+ * only its own gate's rows, so two gates may hold the same key.
+ *
  * `reserve` inserts the key as in flight in one atomic statement, or reports what the store
  * already holds; an in-flight row whose lease has expired is taken over with a fence bump.
  * `commit` runs the caller's business write and the fenced status change in one transaction:
@@ -37,11 +44,14 @@ struct BusinessWriteProbe {
  * the conformance suite in `testing/store_conformance.hpp` is what a correct store passes.
  */
 template <class S>
-concept store = requires(S& s, const Key& key, const Fingerprint& fingerprint,
-                         std::string_view bytes, std::chrono::milliseconds duration,
-                         std::int64_t fence, std::size_t limit,
-                         detail::BusinessWriteProbe<typename S::transaction> write) {
+concept store = std::copy_constructible<S> &&
+    requires(S& s, const S& cs, const GateName& name, const Key& key,
+             const Fingerprint& fingerprint, std::string_view bytes,
+             std::chrono::milliseconds duration, std::int64_t fence, std::size_t limit,
+             detail::BusinessWriteProbe<typename S::transaction> write) {
   typename S::transaction;
+  { s.for_gate(name) } -> std::same_as<S>;
+  { cs.gate() } -> std::convertible_to<std::string_view>;
   { s.reserve(key, fingerprint, bytes, duration) } -> std::same_as<Reservation>;
   { s.commit(key, fence, bytes, write) } -> std::same_as<CommitStatus>;
   { s.fail(key, fence, bytes) } -> std::same_as<CommitStatus>;

@@ -9,6 +9,7 @@
 #include "detail/durations.hpp"
 #include "detail/lru_cache.hpp"
 #include "errors.hpp"
+#include "gate_name.hpp"
 #include "leases.hpp"
 #include "outcome.hpp"
 #include "signals.hpp"
@@ -121,12 +122,15 @@ using BusinessWrite =
  * The exactly-once gate: reserve the key, call the downstream with it, commit the outcome and
  * the business write in one transaction.
  *
- * A `Gate` holds references to its store and downstream; it is safe to share between threads
- * when they are (every shipped store is).
+ * A `Gate` holds a handle on its store scoped to its name (`Store::for_gate`) and a reference
+ * to its downstream; it is safe to share between threads when they are (every shipped store
+ * is). Gates sharing one database each need their own name: a gate sees only its own rows.
  *
  * Example:
- *   idemgate::Gate gate{store, terminal, [](pqxx::work& tx, const SlotRequest& r,
- *                                           const std::string& slot) { book(tx, r, slot); }};
+ *   idemgate::Gate gate{"ect.claim_slot", store, terminal,
+ *                       [](pqxx::work& tx, const SlotRequest& r, const std::string& slot) {
+ *                         book(tx, r, slot);
+ *                       }};
  *   auto key = idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number);
  *   auto result = gate.process(key, SlotRequest{n.equipment_number, n.preferred_window});
  *   if (result.should_ack()) message.ack();
@@ -143,23 +147,27 @@ class Gate {
   /// What `process` returns.
   using result_type = Result<outcome_type>;
 
-  /// A gate over `store` and `downstream`; `business_write` runs in the commit's transaction
-  /// (also for the reconciler, so it must depend only on key, request and outcome).
-  Gate(Store& store, Downstream& downstream, Apply business_write,
+  /// Gate `name` over `store` and `downstream`; `business_write` runs in the commit's
+  /// transaction (also for the reconciler, so it must depend only on key, request and outcome).
+  /// The gate works on its own rows of the store's log (`store.for_gate(name)`): give every gate
+  /// on one database its own name (see `GateName`).
+  Gate(GateName name, Store& store, Downstream& downstream, Apply business_write,
        GateOptions options = {}) requires std::same_as<Observer, NullObserver>
-      : Gate(store, downstream, std::move(business_write), options, null_observer()) {}
+      : Gate(std::move(name), store, downstream, std::move(business_write), options,
+             null_observer()) {}
 
-  /// A gate that also reports every result, reconciliation and mismatch to `observer` (for
+  /// Gate `name` that also reports every result, reconciliation and mismatch to `observer` (for
   /// example a `Counters`); the observer must outlive the gate.
-  Gate(Store& store, Downstream& downstream, Apply business_write, GateOptions options,
-       Observer& observer)
-      : store_(store),
+  Gate(GateName name, Store& store, Downstream& downstream, Apply business_write,
+       GateOptions options, Observer& observer)
+      : name_(std::move(name)),
+        store_(store.for_gate(name_)),
         downstream_(downstream),
         apply_(std::move(business_write)),
         options_(options),
         observer_(observer),
         cache_(options.cache_capacity),
-        heartbeat_(store, options.lease, options.heartbeat) {
+        heartbeat_(store_, options.lease, options.heartbeat) {
     detail::require_in_range("GateOptions::lease", options.lease, std::chrono::milliseconds(1),
                              std::chrono::days(365),
                              "The heartbeat renews it every third while a call runs (default "
@@ -173,10 +181,19 @@ class Gate {
                              std::size_t{10'000'000},
                              "It is the committed keys remembered in this process; 0 turns the "
                              "cache off.");
+    if constexpr (requires { std::string_view(observer.gate()); }) {
+      const std::string_view counted = observer.gate();
+      if (!counted.empty() && counted != name_.view())
+        throw std::invalid_argument("idemgate: gate \"" + name_.str() +
+                                    "\" reports to an observer made for gate \"" +
+                                    std::string(counted) +
+                                    "\"; give each gate an observer of its own name, or its "
+                                    "samples would be labelled as another gate's");
+    }
     if (options.coalesce.enabled) start_coalescing();
     if constexpr (!Downstream::honours_idempotency_key &&
-                  requires { store.relaxed_reservations(); }) {
-      if (store.relaxed_reservations())
+                  requires { store_.relaxed_reservations(); }) {
+      if (store_.relaxed_reservations())
         throw std::invalid_argument(
             "idemgate: relaxed reservations need a downstream that honours Idempotency-Key (a "
             "reservation lost in a database crash is only safe when the repeated claim returns "
@@ -502,7 +519,9 @@ class Gate {
   /// of its pass alive with it; applications call `process`.
   [[nodiscard]] detail::Heartbeat<Store>& heartbeat() noexcept { return heartbeat_; }
 
-  /// The store.
+  /// The gate's name.
+  [[nodiscard]] const GateName& name() const noexcept { return name_; }
+  /// The gate's handle on its store: it sees only this gate's rows.
   [[nodiscard]] Store& store() noexcept { return store_; }
   /// The downstream.
   [[nodiscard]] Downstream& downstream() noexcept { return downstream_; }
@@ -939,7 +958,8 @@ class Gate {
            "effect; a human must finish this event";
   }
 
-  Store& store_;
+  GateName name_;
+  Store store_;  // scoped to name_
   Downstream& downstream_;
   Apply apply_;
   GateOptions options_;
@@ -959,11 +979,11 @@ class Gate {
 
 /// Deduces a gate without an observer.
 template <class Store, class Downstream, class Apply>
-Gate(Store&, Downstream&, Apply, GateOptions = {}) -> Gate<Store, Downstream, Apply>;
+Gate(GateName, Store&, Downstream&, Apply, GateOptions = {}) -> Gate<Store, Downstream, Apply>;
 
 /// Deduces a gate with an observer.
 template <class Store, class Downstream, class Apply, class Observer>
-Gate(Store&, Downstream&, Apply, GateOptions, Observer&)
+Gate(GateName, Store&, Downstream&, Apply, GateOptions, Observer&)
     -> Gate<Store, Downstream, Apply, Observer>;
 
 }  // namespace idemgate

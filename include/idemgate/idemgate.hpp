@@ -10,6 +10,7 @@
 #include "concepts.hpp"
 #include "errors.hpp"
 #include "gate.hpp"
+#include "gate_name.hpp"
 #include "key.hpp"
 #include "outcome.hpp"
 #include "record.hpp"

@@ -111,6 +111,8 @@ enum class CommitStatus {
 
 /// One row of the idempotency log, as read back for inspection and reconciliation.
 struct Record {
+  /// The gate the row belongs to ("" for a row written before logs knew their gates).
+  std::string gate;
   /// The idempotency key.
   Key key;
   /// Where the event stands.

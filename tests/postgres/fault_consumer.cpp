@@ -3,6 +3,8 @@
 // killed. Usage:
 //   fault_consumer URI LOG BOOKINGS TERMINAL FAULT_POINT NOTIFICATION_ID CONTAINER
 // FAULT_POINT: before_claim | after_claim | before_commit | none
+// The gate's name is IDEMGATE_FAULT_GATE when set (two services on one log), else
+// "ect.claim_slot".
 
 #include "support/pg_terminal.hpp"
 #include "support/slot_request.hpp"
@@ -12,6 +14,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -52,7 +55,9 @@ int main(int argc, char** argv) {
   idemgate::PostgresStore store(uri, {.table = log});
   idemgate::test::PgTerminal pg_terminal(uri, terminal_table);
   FaultingTerminal terminal{pg_terminal, fault};
-  idemgate::Gate gate{store,
+  const char* gate_name = std::getenv("IDEMGATE_FAULT_GATE");
+  idemgate::Gate gate{gate_name != nullptr ? gate_name : "ect.claim_slot",
+                      store,
                       terminal,
                       [&](pqxx::work& tx, const idemgate::Key& key,
                           const idemgate::test::SlotRequest& r, const std::string& slot) {

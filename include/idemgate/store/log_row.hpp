@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../errors.hpp"
+#include "../gate_name.hpp"
 #include "../key.hpp"
 #include "../record.hpp"
 
@@ -33,12 +34,17 @@ enum class LogColumn : int {
   updated_at,
   lease_until,
   attempts,
+  gate,
 };
 
 /// The log's column names, by `LogColumn`.
-inline constexpr std::array<std::string_view, 12> log_column_names = {
-    "key",    "status",     "fence",      "request",    "fingerprint", "result",
-    "reason", "duplicates", "created_at", "updated_at", "lease_until", "attempts"};
+inline constexpr std::array<std::string_view, 13> log_column_names = {
+    "key",        "status",     "fence",      "request",     "fingerprint", "result", "reason",
+    "duplicates", "created_at", "updated_at", "lease_until", "attempts",    "gate"};
+
+/// The column that names the gate a row belongs to; '' for rows written before logs knew their
+/// gates (they belong to no gate until an operator assigns them, see `adopt_unowned_rows`).
+inline constexpr std::string_view gate_column = "gate";
 
 /// Whether a column holds an instant (the stores read it as microseconds since the epoch).
 [[nodiscard]] constexpr bool is_instant(LogColumn column) noexcept {
@@ -119,6 +125,7 @@ template <log_row Row>
   record.updated_at = from_micros(row.int64(at(LogColumn::updated_at)));
   record.lease_until = from_micros(row.int64(at(LogColumn::lease_until)));
   record.attempts = row.int64(at(LogColumn::attempts));
+  record.gate = row.text(at(LogColumn::gate));
   return record;
 }
 

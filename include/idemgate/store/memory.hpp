@@ -10,9 +10,12 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -27,6 +30,7 @@ namespace idemgate {
  * Everything is lost when the process exits, and two processes never see each other's keys, so a
  * restart or a second consumer processes every event again. Use it in unit tests and examples;
  * use `SqliteStore` or `PostgresStore` for anything that must survive a restart. Thread-safe.
+ * A copy, and `for_gate`, is a handle on the same rows.
  *
  * Every duration parameter is added to or subtracted from the clock with saturating arithmetic:
  * `duration::max()` means forever (a lease never expires, a row is never stale or purged), and
@@ -50,9 +54,16 @@ class MemoryStore {
   };
 
   /// A store on the system clock.
-  MemoryStore() : clock_([] { return std::chrono::system_clock::now(); }) {}
+  MemoryStore() : MemoryStore([] { return std::chrono::system_clock::now(); }) {}
   /// A store on an injected clock.
-  explicit MemoryStore(Clock clock) : clock_(std::move(clock)) {}
+  explicit MemoryStore(Clock clock) : MemoryStore(std::make_shared<Shared>(std::move(clock)), "") {}
+
+  /// A handle on the same rows that sees only those of gate `name`.
+  [[nodiscard]] MemoryStore for_gate(const GateName& name) const {
+    return MemoryStore(shared_, name.str());
+  }
+  /// The gate whose rows this handle sees ("" for rows that belong to no gate).
+  [[nodiscard]] const std::string& gate() const noexcept { return gate_; }
 
   /// Inserts the key as in flight, takes over an expired lease, or reports what is stored.
   Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
@@ -62,6 +73,7 @@ class MemoryStore {
     auto [it, inserted] = rows_.try_emplace(key);
     Record& row = it->second;
     if (inserted) {
+      row.gate = gate_;
       row.key = key;
       row.status = RecordStatus::in_flight;
       row.fence = 1;
@@ -297,6 +309,28 @@ class MemoryStore {
     }
   }
 
+  /// Gives this handle's gate the rows that belong to no gate (written before logs knew their
+  /// gates), up to `limit` of them, except keys this gate already holds; returns how many it
+  /// moved. Throws `std::logic_error` on a handle scoped to no gate.
+  std::size_t adopt_unowned_rows(std::size_t limit) {
+    detail::require_named_scope(gate_, "adopt_unowned_rows");
+    std::lock_guard lock(mutex_);
+    auto& unowned = shared_->rows[""];
+    std::size_t moved = 0;
+    for (auto it = unowned.begin(); it != unowned.end() && moved < limit;) {
+      if (rows_.contains(it->first)) {
+        ++it;
+        continue;
+      }
+      Record row = std::move(it->second);
+      row.gate = gate_;
+      rows_.emplace(it->first, std::move(row));
+      it = unowned.erase(it);
+      ++moved;
+    }
+    return moved;
+  }
+
   /// Replaces the stored row of `row.key` with `row`, or removes it when `row` is nullopt: for
   /// tests that emulate a database crash losing its latest writes.
   void restore(const Key& key, std::optional<Record> row) {
@@ -317,6 +351,34 @@ class MemoryStore {
   }
 
  private:
+  // Everything the handles on one log share; each gate's rows in a map of their own.
+  struct Shared {
+    explicit Shared(Clock c) : clock(std::move(c)) {}
+    Clock clock;
+    std::mutex mutex;
+    std::map<std::string, std::unordered_map<Key, Record, KeyHash>, std::less<>> rows;
+    std::map<std::string, std::vector<Mismatch>, std::less<>> mismatches;
+  };
+
+  MemoryStore(std::shared_ptr<Shared> shared, std::string gate)
+      : shared_(std::move(shared)),
+        gate_(std::move(gate)),
+        clock_(shared_->clock),
+        mutex_(shared_->mutex),
+        rows_(gate_rows(*shared_, gate_)),
+        mismatches_(gate_mismatches(*shared_, gate_)) {}
+
+  // std::map keeps references to its values valid while other entries come and go.
+  static std::unordered_map<Key, Record, KeyHash>& gate_rows(Shared& shared,
+                                                             const std::string& gate) {
+    std::lock_guard lock(shared.mutex);
+    return shared.rows[gate];
+  }
+  static std::vector<Mismatch>& gate_mismatches(Shared& shared, const std::string& gate) {
+    std::lock_guard lock(shared.mutex);
+    return shared.mismatches[gate];
+  }
+
   void redrive(Record& row) {
     row.status = RecordStatus::in_flight;
     ++row.fence;
@@ -369,10 +431,13 @@ class MemoryStore {
     return CommitStatus::committed;
   }
 
-  Clock clock_;
-  mutable std::mutex mutex_;
-  std::unordered_map<Key, Record, KeyHash> rows_;
-  std::vector<Mismatch> mismatches_;
+  std::shared_ptr<Shared> shared_;
+  std::string gate_;
+  // This handle's view of the shared state: the clock and lock of the log, its gate's rows.
+  Clock& clock_;
+  std::mutex& mutex_;
+  std::unordered_map<Key, Record, KeyHash>& rows_;
+  std::vector<Mismatch>& mismatches_;
 };
 
 static_assert(store<MemoryStore>);

@@ -250,88 +250,25 @@ class PostgresStore {
   /// store says so in its log (`PostgresOptions::log`) and starts anyway: every call opens the
   /// connection it needs, and fails with `StoreError` (do not ack) until the server is back.
   explicit PostgresStore(std::string uri, PostgresOptions options = {})
-      : options_([&] {
-          using std::chrono::milliseconds;
-          detail::require_in_range("PostgresOptions::pool_size", options.pool_size, std::size_t{1},
-                                   std::size_t{1000},
-                                   "It is the connections this store opens (default 1).");
-          detail::require_in_range("PostgresOptions::checkout_timeout", options.checkout_timeout,
-                                   milliseconds(1), std::chrono::hours(1),
-                                   "It is how long a call waits for a free connection (default "
-                                   "30 s).");
-          if (options.commit_attempts < 1 || options.commit_attempts > 100)
-            throw std::invalid_argument("idemgate: PostgresOptions::commit_attempts is " +
-                                        std::to_string(options.commit_attempts) +
-                                        "; it must be between 1 and 100. It is how often a commit "
-                                        "whose connection broke is tried (default 3).");
-          using std::chrono::hours;
-          using std::chrono::seconds;
-          detail::require_in_range("PostgresOptions::connect_timeout", options.connect_timeout,
-                                   seconds(0), hours(1),
-                                   "It bounds opening a connection (default 5 s; 0: libpq's "
-                                   "own, no bound).");
-          detail::require_in_range("PostgresOptions::keepalives_idle", options.keepalives_idle,
-                                   seconds(0), hours(1),
-                                   "It is the silence before a keepalive probe (default 10 s).");
-          detail::require_in_range("PostgresOptions::keepalives_interval",
-                                   options.keepalives_interval, seconds(0), hours(1),
-                                   "It is the time between keepalive probes (default 3 s).");
-          detail::require_in_range("PostgresOptions::keepalives_count", options.keepalives_count,
-                                   std::size_t{0}, std::size_t{1000},
-                                   "It is how many unanswered probes drop a connection "
-                                   "(default 3).");
-          detail::require_in_range("PostgresOptions::tcp_user_timeout", options.tcp_user_timeout,
-                                   milliseconds(0), hours(1),
-                                   "It bounds unacknowledged sent data (default 15 s).");
-          detail::require_in_range("PostgresOptions::statement_timeout", options.statement_timeout,
-                                   milliseconds(0), hours(24),
-                                   "It is the server's limit per statement (default 15 s).");
-          detail::require_in_range("PostgresOptions::reply_timeout", options.reply_timeout,
-                                   milliseconds(0), hours(24),
-                                   "It is how long a statement may go unanswered (default 20 s).");
-          if (options.reply_timeout.count() > 0 && options.statement_timeout.count() > 0 &&
-              options.reply_timeout <= options.statement_timeout)
-            throw std::invalid_argument(
-                "idemgate: PostgresOptions::reply_timeout (" +
-                detail::describe(options.reply_timeout) +
-                ") must exceed PostgresOptions::statement_timeout (" +
-                detail::describe(options.statement_timeout) +
-                "), or statements the server would still finish are cut; raise it, or set it to "
-                "0 to turn the reply watchdog off.");
-          detail::require_in_range("PostgresOptions::retry_backoff", options.retry_backoff,
-                                   milliseconds(0), std::chrono::minutes(1),
-                                   "It is the first pause between commit attempts (default "
-                                   "250 ms).");
-          detail::require_in_range("PostgresOptions::startup_wait", options.startup_wait,
-                                   milliseconds(0), hours(24),
-                                   "It is how long migrate() waits for the server (default "
-                                   "2 min).");
-          return std::move(options);
-        }()),
-        table_(detail::checked_table_name(options_.table)),
-        sql_(statements(table_)),
-        pool_(uri, options_.pool_size, options_.checkout_timeout, connection_settings({})),
-        renewal_pool_(uri, 1, options_.checkout_timeout, connection_settings({}), false) {
-    // Behind a transaction pooler, a session-level SET would stay on whichever server
-    // connection ran it and leave other clients' commits, this store's own included, without
-    // the WAL flush: relaxed reservations set it per transaction there (reserve_statement).
-    if (options_.relaxed_reservations)
-      relaxed_pool_ = std::make_unique<detail::ConnectionPool>(
-          uri, options_.pool_size, options_.checkout_timeout,
-          connection_settings(pooled_by_transaction()
-                                  ? std::string()
-                                  : std::string("SET synchronous_commit = off;")),
-          false);
+      : PostgresStore(open(std::move(uri), std::move(options)), std::string()) {}
+
+  /// A handle on the same log and connections that sees only the rows of gate `name`.
+  [[nodiscard]] PostgresStore for_gate(const GateName& name) const {
+    return PostgresStore(shared_, name.str());
   }
+  /// The gate whose rows this handle sees ("" for rows that belong to no gate).
+  [[nodiscard]] const std::string& gate() const noexcept { return gate_; }
 
   /// The schema for a table name: the log, its constraints and the partial in-flight index.
-  /// Also shipped as `docs/schema.sql`.
+  /// Also shipped as `docs/schema.sql` (with `key_migration_sql` and `index_sql`). On a log of an
+  /// earlier version it only adds what that log lacks, without rewriting it: the `gate` column
+  /// comes with a constant default, which PostgreSQL stores once instead of in every row.
   [[nodiscard]] static std::string schema_sql(const std::string& table = "idemgate_log") {
     const std::string t = detail::checked_table_name(table);
-    const std::string name = detail::unqualified(t);
     return "CREATE TABLE IF NOT EXISTS " + t +
            " (\n"
-           "  key         bytea       PRIMARY KEY CHECK (octet_length(key) = 32),\n"
+           "  gate        text        NOT NULL DEFAULT '' CHECK (octet_length(gate) <= 64),\n"
+           "  key         bytea       NOT NULL CHECK (octet_length(key) = 32),\n"
            "  status      text        NOT NULL\n"
            "              CHECK (status IN ('in_flight', 'committed', 'failed', 'escalated')),\n"
            "  fence       bigint      NOT NULL DEFAULT 1 CHECK (fence > 0),\n"
@@ -345,6 +282,7 @@ class PostgresStore {
            "  attempts    bigint      NOT NULL DEFAULT 1,\n"
            "  created_at  timestamptz NOT NULL DEFAULT now(),\n"
            "  updated_at  timestamptz NOT NULL DEFAULT now(),\n"
+           "  PRIMARY KEY (gate, key),\n"
            "  CHECK (status <> 'committed' OR result IS NOT NULL)\n"
            ");\n"
            "-- Added in 0.1: logs created before it gain the column here.\n"
@@ -356,47 +294,126 @@ class PostgresStore {
            t + " ADD COLUMN IF NOT EXISTS holder bigint NOT NULL DEFAULT 0;\n" + "ALTER TABLE " +
            t +
            " ADD COLUMN IF NOT EXISTS attempts bigint NOT NULL DEFAULT 1;\n"
-           "-- Stranded work: the reconciler's scan and the oldest in-flight row.\n"
-           "CREATE INDEX IF NOT EXISTS " +
-           name + "_in_flight ON " + t +
-           " (lease_until) WHERE status = 'in_flight';\n"
-           "-- The manual queue.\n"
-           "CREATE INDEX IF NOT EXISTS " +
-           name + "_escalated ON " + t +
-           " (updated_at) WHERE status = 'escalated';\n"
-           "-- Retention and the signals' window; BRIN stays tiny on an append-mostly column.\n"
-           "CREATE INDEX IF NOT EXISTS " +
-           name + "_created ON " + t +
-           " USING brin (created_at);\n"
+           "-- Added in 0.3: the gate a row belongs to. Rows written before belong to no gate "
+           "('')\n"
+           "-- until an operator gives them to one (adopt_unowned_rows).\n"
+           "ALTER TABLE " +
+           t +
+           " ADD COLUMN IF NOT EXISTS gate text NOT NULL DEFAULT '';\n"
            "-- Downstream answers that differed from the stored one (healthy: empty).\n"
            "CREATE TABLE IF NOT EXISTS " +
            t +
            "_mismatches (\n"
+           "  gate        text        NOT NULL DEFAULT '',\n"
            "  key         bytea       NOT NULL,\n"
            "  stored      bytea       NOT NULL,\n"
            "  observed    bytea       NOT NULL,\n"
            "  source      text        NOT NULL,\n"
            "  at          timestamptz NOT NULL DEFAULT now()\n"
            ");\n"
-           "CREATE INDEX IF NOT EXISTS " +
-           name + "_mismatches_at ON " + t + "_mismatches (at);\n";
+           "ALTER TABLE " +
+           t + "_mismatches ADD COLUMN IF NOT EXISTS gate text NOT NULL DEFAULT '';\n" +
+           "CREATE INDEX IF NOT EXISTS " + detail::unqualified(t) + "_mismatches_at ON " + t +
+           "_mismatches (at);\n";
   }
 
-  /// Creates the table and index if missing. Idempotent and safe from several processes at once.
-  /// When the server cannot be reached, it waits for it up to `PostgresOptions::startup_wait`,
-  /// trying again with backoff and logging each failure, then throws `StoreError`: a consumer
-  /// started during an outage migrates as soon as the database is back.
+  /// What brings a log of an earlier version, keyed by `key` alone, to the primary key (gate,
+  /// key) while other sessions go on writing: the new key is built beside the old one with
+  /// `CREATE UNIQUE INDEX CONCURRENTLY`, then takes its place in one short step (a brief lock, no
+  /// scan). Each statement runs on its own, outside a transaction block (as psql runs a script).
+  /// `migrate()` runs them only on a log keyed by `key` alone. Shipped in `docs/schema.sql`.
+  [[nodiscard]] static std::vector<std::string> key_migration_sql(
+      const std::string& table = "idemgate_log") {
+    const std::string t = detail::checked_table_name(table);
+    const std::string name = detail::unqualified(t);
+    return {"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS " + name + "_gate_key ON " + t +
+                " (gate, key)",
+            "ALTER TABLE " + t + " DROP CONSTRAINT " + name + "_pkey, ADD CONSTRAINT " + name +
+                "_pkey PRIMARY KEY USING INDEX " + name + "_gate_key"};
+  }
+
+  /// The log's indexes, each built with `CREATE INDEX CONCURRENTLY` (on its own, outside a
+  /// transaction block), and the drop of an earlier version's indexes that the per-gate ones
+  /// replace. No-ops once done. Shipped in `docs/schema.sql`.
+  [[nodiscard]] static std::vector<std::string> index_sql(
+      const std::string& table = "idemgate_log") {
+    const std::string t = detail::checked_table_name(table);
+    const std::string name = detail::unqualified(t);
+    return {
+        // Stranded work, per gate: the reconciler's scan and the oldest in-flight row.
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS " + name + "_gate_in_flight ON " + t +
+            " (gate, lease_until) WHERE status = 'in_flight'",
+        // The manual queue, per gate.
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS " + name + "_gate_escalated ON " + t +
+            " (gate, updated_at) WHERE status = 'escalated'",
+        // Retention and the signals' window; BRIN stays tiny on an append-mostly column.
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS " + name + "_created ON " + t +
+            " USING brin (created_at)",
+        "DROP INDEX CONCURRENTLY IF EXISTS " + qualified_like(t, name + "_in_flight"),
+        "DROP INDEX CONCURRENTLY IF EXISTS " + qualified_like(t, name + "_escalated"),
+    };
+  }
+
+  /// Creates the log and its indexes if missing, and brings a log of an earlier version to this
+  /// one's shape in place (`schema_sql`, `key_migration_sql`, `index_sql`). Idempotent and safe
+  /// from several processes at once (they take turns). Other sessions go on writing while it runs:
+  /// the indexes are built concurrently, and no statement holds a lock that blocks writers for
+  /// longer than a catalog change (docs/operations.md has the measured wait). Behind a
+  /// transaction pooler (`PostgresPooling::transaction`) everything runs in one transaction
+  /// instead, which blocks writers while the indexes are built: migrate through a direct
+  /// connection there. When the server cannot be reached, it waits for it up to
+  /// `PostgresOptions::startup_wait`, trying again with backoff and logging each failure, then
+  /// throws `StoreError`: a consumer started during an outage migrates as soon as the database
+  /// is back.
   void migrate() {
     const auto give_up =
         detail::saturating_add(std::chrono::steady_clock::now(), options_.startup_wait);
     for (int n = 1;; ++n) {
       try {
         run([&](Lease& c) {
-          pqxx::work tx(c.connection());
-          // Serialises concurrent migrations: CREATE ... IF NOT EXISTS alone can race.
-          detail::pq::exec(tx, "SELECT pg_advisory_xact_lock(7158029411)");
-          detail::pq::exec(tx, schema_sql(table_));
-          tx.commit();
+          if (pooled_by_transaction()) {
+            pqxx::work tx(c.connection());
+            detail::pq::exec(tx, "SELECT pg_advisory_xact_lock(7158029411)");
+            detail::pq::exec(tx, schema_sql(table_));
+            if (keyed_by_key_alone(tx))
+              for (const std::string& sql : key_migration_sql(table_))
+                detail::pq::exec(tx, without_concurrently(sql));
+            for (const std::string& sql : index_sql(table_))
+              detail::pq::exec(tx, without_concurrently(sql));
+            tx.commit();
+            return 0;
+          }
+          // A session lock, taken without waiting inside a statement: a session waiting for it
+          // inside a statement would hold a snapshot that CREATE INDEX CONCURRENTLY waits for.
+          for (;;) {
+            pqxx::nontransaction lock(c.connection());
+            if (detail::pq::bool_field(
+                    detail::pq::exec(lock, "SELECT pg_try_advisory_lock(7158029411)")[0][0]))
+              break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+          try {
+            {
+              pqxx::work tx(c.connection());
+              detail::pq::exec(tx, schema_sql(table_));
+              tx.commit();
+            }
+            std::vector<std::string> steps;
+            {
+              pqxx::nontransaction check(c.connection());
+              if (keyed_by_key_alone(check)) steps = key_migration_sql(table_);
+            }
+            for (std::string& sql : index_sql(table_)) steps.push_back(std::move(sql));
+            for (const std::string& sql : steps) {
+              drop_invalid_index(c, sql);
+              pqxx::nontransaction step(c.connection());
+              detail::pq::exec(step, sql);
+            }
+          } catch (...) {
+            unlock_migration(c);
+            throw;
+          }
+          unlock_migration(c);
           return 0;
         });
         if (n > 1) log("idemgate: PostgreSQL is back; migrated " + table_ + ".");
@@ -412,6 +429,35 @@ class PostgresStore {
         std::this_thread::sleep_for(pause);
       }
     }
+  }
+
+  /// Gives this handle's gate the rows that belong to no gate (written before logs knew their
+  /// gates), up to `limit` of them in statements of at most 10,000 rows, except keys this gate
+  /// already holds; returns how many it moved. Throws `std::logic_error` on a handle scoped to
+  /// no gate.
+  std::size_t adopt_unowned_rows(std::size_t limit) {
+    detail::require_named_scope(gate_, "adopt_unowned_rows");
+    std::size_t moved = 0;
+    while (moved < limit) {
+      const std::size_t batch = std::min<std::size_t>(limit - moved, 10'000);
+      const std::int64_t n = run([&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
+        return detail::pq::affected_rows(detail::pq::exec_params(
+            tx,
+            "WITH picked AS MATERIALIZED (SELECT u.key FROM " + table_ +
+                " AS u WHERE u.gate = '' AND NOT EXISTS (SELECT 1 FROM " + table_ +
+                " AS g WHERE g.gate = $1::text AND g.key = u.key)"
+                " LIMIT $2::bigint FOR UPDATE SKIP LOCKED)"
+                " UPDATE " +
+                table_ +
+                " AS log SET gate = $1::text FROM picked"
+                " WHERE log.gate = '' AND log.key = picked.key",
+            gate_, detail::sql_limit(batch)));
+      });
+      moved += static_cast<std::size_t>(n);
+      if (static_cast<std::size_t>(n) < batch) break;
+    }
+    return moved;
   }
 
   /// Inserts the key as in flight in one statement, takes over an expired lease with a fence
@@ -629,8 +675,8 @@ class PostgresStore {
     const std::string update =
         "UPDATE " + table_ +
         " SET status = 'committed', result = " + detail::pq::bytea_literal(result) +
-        ", updated_at = now() WHERE key = " + detail::pq::bytea_literal(key.view()) +
-        " AND status = 'escalated'";
+        ", updated_at = now() WHERE gate = '" + gate_ +
+        "' AND key = " + detail::pq::bytea_literal(key.view()) + " AND status = 'escalated'";
     const std::string key_param = detail::pq::bytea_param(key.view());
     return with_commit_retries(key, [&](Lease& c, int attempt) {
       if (attempt > 1) {
@@ -776,140 +822,155 @@ class PostgresStore {
     // not take the event over under it.
     s.reserve =
         "WITH claimed AS (INSERT INTO " + t +
-        " (key, status, fence, lease_until, fingerprint, request, holder, attempts)"
-        " VALUES ($1::bytea, 'in_flight', 1, now() + $4::bigint * interval '1 millisecond',"
-        " $2::bytea, $3::bytea, $5::bigint, 1)"
-        " ON CONFLICT (key) DO NOTHING RETURNING fence),"
+        " (gate, key, status, fence, lease_until, fingerprint, request, holder, attempts)"
+        " VALUES ($1::text, $2::bytea, 'in_flight', 1,"
+        " now() + $5::bigint * interval '1 millisecond', $3::bytea, $4::bytea, $6::bigint, 1)"
+        " ON CONFLICT (gate, key) DO NOTHING RETURNING fence),"
         " seen AS (UPDATE " +
         t +
-        " SET duplicates = duplicates + CASE WHEN holder = $5::bigint THEN 0 ELSE 1 END,"
-        " lease_until = CASE WHEN holder = $5::bigint AND status = 'in_flight'"
-        " THEN now() + $4::bigint * interval '1 millisecond' ELSE lease_until END"
-        " WHERE key = $1::bytea AND NOT EXISTS (SELECT 1 FROM claimed)"
-        " RETURNING fence, status, fingerprint = $2::bytea AS same, lease_until >= now() AS live,"
-        " result, reason, holder = $5::bigint AS mine)"
+        " SET duplicates = duplicates + CASE WHEN holder = $6::bigint THEN 0 ELSE 1 END,"
+        " lease_until = CASE WHEN holder = $6::bigint AND status = 'in_flight'"
+        " THEN now() + $5::bigint * interval '1 millisecond' ELSE lease_until END"
+        " WHERE gate = $1::text AND key = $2::bytea AND NOT EXISTS (SELECT 1 FROM claimed)"
+        " RETURNING fence, status, fingerprint = $3::bytea AS same, lease_until >= now() AS live,"
+        " result, reason, holder = $6::bigint AS mine)"
         " SELECT true, fence, NULL::text, NULL::boolean, NULL::boolean, NULL::bytea, NULL::text,"
         " true FROM claimed"
         " UNION ALL SELECT false, fence, status, same, live, result, reason, mine FROM seen";
     s.take_over = "UPDATE " + t +
-                  " SET fence = fence + 1, lease_until = now() + $3::bigint * interval '1 "
-                  "millisecond', updated_at = now(), holder = $4::bigint, attempts = attempts + 1"
-                  " WHERE key = $1::bytea AND status = 'in_flight' AND fence = $2::bigint"
-                  " AND lease_until < now() RETURNING fence";
+                  " SET fence = fence + 1, lease_until = now() + $4::bigint * interval '1 "
+                  "millisecond', updated_at = now(), holder = $5::bigint, attempts = attempts + 1"
+                  " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+                  " AND fence = $3::bigint AND lease_until < now() RETURNING fence";
     s.commit = "UPDATE " + t +
-               " SET status = 'committed', result = $3::bytea, updated_at = now()"
-               " WHERE key = $1::bytea AND status = 'in_flight' AND fence = $2::bigint";
+               " SET status = 'committed', result = $4::bytea, updated_at = now()"
+               " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+               " AND fence = $3::bigint";
     s.fail = "UPDATE " + t +
-             " SET status = 'failed', reason = $3::text, updated_at = now()"
-             " WHERE key = $1::bytea AND status = 'in_flight' AND fence = $2::bigint";
+             " SET status = 'failed', reason = $4::text, updated_at = now()"
+             " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+             " AND fence = $3::bigint";
     s.escalate = "UPDATE " + t +
-                 " SET status = 'escalated', reason = $3::text, updated_at = now()"
-                 " WHERE key = $1::bytea AND status = 'in_flight' AND fence = $2::bigint";
+                 " SET status = 'escalated', reason = $4::text, updated_at = now()"
+                 " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+                 " AND fence = $3::bigint";
     // The row stays: its lease ends, so the next delivery takes it over with a higher fence (a
     // worker still holding the old fence can never commit), and if no delivery comes back the
     // reconciler finishes the event.
     s.release = "UPDATE " + t +
                 " SET lease_until = 'epoch', updated_at = now(),"
-                " reason = CASE WHEN $3::text = '' THEN reason ELSE $3::text END"
-                " WHERE key = $1::bytea AND status = 'in_flight' AND fence = $2::bigint";
-    s.find = "SELECT " + columns + " FROM " + t + " WHERE key = $1::bytea";
+                " reason = CASE WHEN $4::text = '' THEN reason ELSE $4::text END"
+                " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+                " AND fence = $3::bigint";
+    s.find = "SELECT " + columns + " FROM " + t + " WHERE gate = $1::text AND key = $2::bytea";
     // The second half returns the rows this pass's token already holds: a pass repeated after
     // its reply was lost gets back what it took the first time.
     s.take_stale =
         "WITH stale AS (SELECT key FROM " + t +
-        " WHERE status = 'in_flight' AND lease_until < now()"
-        " AND updated_at <= now() - $1::bigint * interval '1 millisecond'"
-        " ORDER BY lease_until LIMIT $2::bigint FOR UPDATE SKIP LOCKED),"
+        " WHERE gate = $1::text AND status = 'in_flight' AND lease_until < now()"
+        " AND updated_at <= now() - $2::bigint * interval '1 millisecond'"
+        " ORDER BY lease_until LIMIT $3::bigint FOR UPDATE SKIP LOCKED),"
         " taken AS (UPDATE " +
         t +
-        " AS log SET fence = log.fence + 1, attempts = log.attempts + 1, holder = $4::bigint,"
-        " lease_until = now() + $3::bigint * interval '1 millisecond', updated_at = now()"
-        " FROM stale WHERE log.key = stale.key"
+        " AS log SET fence = log.fence + 1, attempts = log.attempts + 1, holder = $5::bigint,"
+        " lease_until = now() + $4::bigint * interval '1 millisecond', updated_at = now()"
+        " FROM stale WHERE log.gate = $1::text AND log.key = stale.key"
         " RETURNING log.key, log.fence, log.request, log.attempts, log.reason)"
         " SELECT key, fence, request, attempts, reason FROM taken"
         " UNION ALL SELECT key, fence, request, attempts, reason FROM " +
-        t + " WHERE status = 'in_flight' AND holder = $4::bigint";
+        t + " WHERE gate = $1::text AND status = 'in_flight' AND holder = $5::bigint";
     s.escalated = "SELECT " + columns + " FROM " + t +
-                  " WHERE status = 'escalated' ORDER BY updated_at LIMIT $1::bigint";
+                  " WHERE gate = $1::text AND status = 'escalated' ORDER BY updated_at"
+                  " LIMIT $2::bigint";
     s.resolve = "UPDATE " + t +
-                " SET status = 'committed', result = $2::bytea, updated_at = now()"
-                " WHERE key = $1::bytea AND status = 'escalated'";
-    s.settled = "SELECT status, fence FROM " + t + " WHERE key = $1::bytea";
-    s.signals = "SELECT (SELECT count(*) FROM " + t +
-                " WHERE created_at >= now() - $1::bigint * interval '1 second'),"
-                " (SELECT coalesce(sum(duplicates), 0) FROM " +
-                t +
-                " WHERE created_at >= now() - $1::bigint * interval '1 second'),"
-                " (SELECT count(*) FROM " +
-                t +
-                " WHERE status = 'in_flight'),"
-                " (SELECT floor(extract(epoch FROM now() - min(created_at)))::bigint FROM " +
-                t +
-                " WHERE status = 'in_flight'),"
-                " (SELECT count(*) FROM " +
-                t +
-                " WHERE status = 'escalated'),"
-                " (SELECT count(DISTINCT key) FROM " +
-                t +
-                "_mismatches WHERE at >= now() - $1::bigint * interval '1 second'),"
-                " (SELECT count(*) FROM " +
-                t +
-                "_mismatches),"
-                " (SELECT count(*) FROM " +
-                t + " WHERE status = 'in_flight' AND attempts > 1)";
+                " SET status = 'committed', result = $3::bytea, updated_at = now()"
+                " WHERE gate = $1::text AND key = $2::bytea AND status = 'escalated'";
+    s.settled = "SELECT status, fence FROM " + t + " WHERE gate = $1::text AND key = $2::bytea";
+    s.signals =
+        "SELECT (SELECT count(*) FROM " + t +
+        " WHERE gate = $1::text AND created_at >= now() - $2::bigint * interval '1 second'),"
+        " (SELECT coalesce(sum(duplicates), 0) FROM " +
+        t +
+        " WHERE gate = $1::text AND created_at >= now() - $2::bigint * interval '1 second'),"
+        " (SELECT count(*) FROM " +
+        t +
+        " WHERE gate = $1::text AND status = 'in_flight'),"
+        " (SELECT floor(extract(epoch FROM now() - min(created_at)))::bigint FROM " +
+        t +
+        " WHERE gate = $1::text AND status = 'in_flight'),"
+        " (SELECT count(*) FROM " +
+        t +
+        " WHERE gate = $1::text AND status = 'escalated'),"
+        " (SELECT count(DISTINCT key) FROM " +
+        t +
+        "_mismatches WHERE gate = $1::text AND at >= now() - $2::bigint * interval '1 second'),"
+        " (SELECT count(*) FROM " +
+        t +
+        "_mismatches WHERE gate = $1::text),"
+        " (SELECT count(*) FROM " +
+        t + " WHERE gate = $1::text AND status = 'in_flight' AND attempts > 1)";
     s.record_mismatch = "INSERT INTO " + t +
-                        "_mismatches (key, stored, observed, source)"
-                        " VALUES ($1::bytea, $2::bytea, $3::bytea, $4::text)";
+                        "_mismatches (gate, key, stored, observed, source)"
+                        " VALUES ($1::text, $2::bytea, $3::bytea, $4::bytea, $5::text)";
     s.mismatches =
         "SELECT key, stored, observed, source,"
         " (extract(epoch FROM at) * 1000000)::bigint FROM " +
-        t + "_mismatches ORDER BY at DESC LIMIT $1::bigint";
+        t + "_mismatches WHERE gate = $1::text ORDER BY at DESC LIMIT $2::bigint";
     s.reserve_batch =
-        "WITH input AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[])"
+        "WITH input AS (SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::bytea[])"
         " WITH ORDINALITY AS i(key, fingerprint, request, n)),"
         " claimed AS (INSERT INTO " +
         t +
-        " (key, status, fence, lease_until, fingerprint, request, holder, attempts)"
-        " SELECT key, 'in_flight', 1, now() + $4::bigint * interval '1 millisecond', fingerprint,"
-        " request, $5::bigint, 1 FROM input ORDER BY n ON CONFLICT (key) DO NOTHING"
+        " (gate, key, status, fence, lease_until, fingerprint, request, holder, attempts)"
+        " SELECT $1::text, key, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',"
+        " fingerprint, request, $6::bigint, 1 FROM input ORDER BY n"
+        " ON CONFLICT (gate, key) DO NOTHING"
         " RETURNING key, fence),"
         " seen AS (UPDATE " +
         t +
-        " AS log SET duplicates = log.duplicates + CASE WHEN log.holder = $5::bigint THEN 0"
-        " ELSE 1 END, lease_until = CASE WHEN log.holder = $5::bigint AND log.status ="
-        " 'in_flight' THEN now() + $4::bigint * interval '1 millisecond' ELSE log.lease_until END"
+        " AS log SET duplicates = log.duplicates + CASE WHEN log.holder = $6::bigint THEN 0"
+        " ELSE 1 END, lease_until = CASE WHEN log.holder = $6::bigint AND log.status ="
+        " 'in_flight' THEN now() + $5::bigint * interval '1 millisecond' ELSE log.lease_until END"
         " FROM input"
-        " WHERE log.key = input.key AND NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.key ="
+        " WHERE log.gate = $1::text AND log.key = input.key"
+        " AND NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.key ="
         " input.key) RETURNING log.key, log.fence, log.status, log.fingerprint = input.fingerprint"
         " AS same, log.lease_until >= now() AS live, log.result, log.reason,"
-        " log.holder = $5::bigint AS mine)"
+        " log.holder = $6::bigint AS mine)"
         " SELECT input.n, claimed.fence IS NOT NULL, coalesce(claimed.fence, seen.fence),"
         " seen.status, seen.same, seen.live, seen.result, seen.reason, seen.mine FROM input"
         " LEFT JOIN claimed ON claimed.key = input.key LEFT JOIN seen ON seen.key = input.key";
     s.extend = "UPDATE " + t +
-               " AS log SET lease_until = now() + $3::bigint * interval '1 millisecond'"
-               " FROM unnest($1::bytea[], $2::bigint[]) AS v(key, fence)"
-               " WHERE log.key = v.key AND log.fence = v.fence AND log.status = 'in_flight'";
+               " AS log SET lease_until = now() + $4::bigint * interval '1 millisecond'"
+               " FROM unnest($2::bytea[], $3::bigint[]) AS v(key, fence)"
+               " WHERE log.gate = $1::text AND log.key = v.key AND log.fence = v.fence"
+               " AND log.status = 'in_flight'";
     const std::string redrive =
         "UPDATE " + t +
         " SET status = 'in_flight', fence = fence + 1, attempts = attempts + 1,"
         " reason = NULL, lease_until = 'epoch', updated_at = now()";
-    s.redrive_key = redrive + " WHERE key = $1::bytea AND status = 'failed'";
+    s.redrive_key = redrive + " WHERE gate = $1::text AND key = $2::bytea AND status = 'failed'";
+    // The rows are picked once, in a CTE: a LIMIT subquery inside IN may be scanned again by
+    // the plan, and would then pick rows beyond the limit.
     s.redrive_range =
-        redrive + " WHERE key IN (SELECT key FROM " + t +
-        " WHERE status = 'failed'"
-        " AND updated_at >= 'epoch'::timestamptz + $1::bigint * interval '1 microsecond'"
-        " AND updated_at < 'epoch'::timestamptz + $2::bigint * interval '1 microsecond'"
-        " LIMIT $3::bigint FOR UPDATE SKIP LOCKED)";
-    s.make_durable = "UPDATE " + t + " SET duplicates = duplicates WHERE key = $1::bytea";
+        "WITH picked AS MATERIALIZED (SELECT key FROM " + t +
+        " WHERE gate = $1::text AND status = 'failed'"
+        " AND updated_at >= 'epoch'::timestamptz + $2::bigint * interval '1 microsecond'"
+        " AND updated_at < 'epoch'::timestamptz + $3::bigint * interval '1 microsecond'"
+        " LIMIT $4::bigint FOR UPDATE SKIP LOCKED) " +
+        redrive + " FROM picked WHERE " + t + ".gate = $1::text AND " + t + ".key = picked.key";
+    s.make_durable =
+        "UPDATE " + t + " SET duplicates = duplicates WHERE gate = $1::text AND key = $2::bytea";
     s.batch_landed = "SELECT count(*) FROM " + t +
-                     " AS log, unnest($1::bytea[], $2::bigint[]) AS v(key, fence)"
-                     " WHERE log.key = v.key AND log.fence = v.fence AND log.status = 'committed'";
-    s.purge = "DELETE FROM " + t + " WHERE key IN (SELECT key FROM " + t +
-              " WHERE status IN ('committed', 'failed')"
-              " AND created_at < now() - $1::bigint * interval '1 second'"
-              " AND updated_at < now() - $1::bigint * interval '1 second'"
-              " LIMIT $2::bigint FOR UPDATE SKIP LOCKED)";
+                     " AS log, unnest($2::bytea[], $3::bigint[]) AS v(key, fence)"
+                     " WHERE log.gate = $1::text AND log.key = v.key AND log.fence = v.fence"
+                     " AND log.status = 'committed'";
+    s.purge = "WITH picked AS MATERIALIZED (SELECT key FROM " + t +
+              " WHERE gate = $1::text AND status IN ('committed', 'failed')"
+              " AND created_at < now() - $2::bigint * interval '1 second'"
+              " AND updated_at < now() - $2::bigint * interval '1 second'"
+              " LIMIT $3::bigint FOR UPDATE SKIP LOCKED) DELETE FROM " +
+              t + " USING picked WHERE " + t + ".gate = $1::text AND " + t + ".key = picked.key";
     return s;
   }
 
@@ -1245,6 +1306,153 @@ class PostgresStore {
  private:
   using Lease = detail::ConnectionPool::Lease;
 
+  // Everything the handles on one log share: options, statements and connection pools.
+  struct Shared {
+    PostgresOptions options;
+    std::string table;
+    Statements sql;
+    std::optional<detail::ConnectionPool> pool;
+    std::optional<detail::ConnectionPool> renewal_pool;
+    std::unique_ptr<detail::ConnectionPool> relaxed_pool;
+  };
+
+  PostgresStore(std::shared_ptr<Shared> shared, std::string gate)
+      : shared_(std::move(shared)),
+        gate_(std::move(gate)),
+        options_(shared_->options),
+        table_(shared_->table),
+        sql_(shared_->sql),
+        pool_(*shared_->pool),
+        renewal_pool_(*shared_->renewal_pool),
+        relaxed_pool_(shared_->relaxed_pool) {}
+
+  // `table`'s schema, if it names one, in front of `index`: an index lives in its table's schema.
+  static std::string qualified_like(const std::string& table, const std::string& index) {
+    const auto dot = table.find('.');
+    return dot == std::string::npos ? index : table.substr(0, dot + 1) + index;
+  }
+
+  // A migration statement as it runs inside one transaction (behind a transaction pooler).
+  static std::string without_concurrently(std::string sql) {
+    const auto at = sql.find(" CONCURRENTLY");
+    if (at != std::string::npos) sql.erase(at, std::string_view(" CONCURRENTLY").size());
+    return sql;
+  }
+
+  // A CREATE INDEX CONCURRENTLY that was interrupted (a crash, a cancelled migration) leaves an
+  // invalid index of that name behind, which IF NOT EXISTS would keep: drop it first.
+  void drop_invalid_index(Lease& c, const std::string& sql) {
+    const auto on = sql.find(" ON ");
+    const auto exists = sql.find("IF NOT EXISTS ");
+    if (sql.find("CREATE") == std::string::npos || on == std::string::npos ||
+        exists == std::string::npos)
+      return;
+    const auto from = exists + std::string_view("IF NOT EXISTS ").size();
+    const std::string index = qualified_like(table_, sql.substr(from, on - from));
+    pqxx::nontransaction tx(c.connection());
+    const pqxx::result invalid = detail::pq::exec_params(
+        tx, "SELECT 1 FROM pg_index WHERE indexrelid = to_regclass($1::text) AND NOT indisvalid",
+        index);
+    if (!invalid.empty()) detail::pq::exec(tx, "DROP INDEX CONCURRENTLY IF EXISTS " + index);
+  }
+
+  // Whether the log's primary key is `key` alone (a log of an earlier version).
+  template <class Transaction>
+  bool keyed_by_key_alone(Transaction& tx) const {
+    const pqxx::result rows = detail::pq::exec_params(
+        tx, "SELECT indnatts FROM pg_index WHERE indrelid = to_regclass($1::text) AND indisprimary",
+        table_);
+    return !rows.empty() && detail::pq::int_field(rows[0][0]) == 1;
+  }
+
+  void unlock_migration(Lease& c) noexcept {
+    try {
+      pqxx::nontransaction tx(c.connection());
+      detail::pq::exec(tx, "SELECT pg_advisory_unlock(7158029411)");
+    } catch (...) {
+      // A broken connection ended its session, and the session's lock with it.
+    }
+  }
+
+  static PostgresOptions checked_options(PostgresOptions options) {
+    using std::chrono::milliseconds;
+    detail::require_in_range("PostgresOptions::pool_size", options.pool_size, std::size_t{1},
+                             std::size_t{1000},
+                             "It is the connections this store opens (default 1).");
+    detail::require_in_range("PostgresOptions::checkout_timeout", options.checkout_timeout,
+                             milliseconds(1), std::chrono::hours(1),
+                             "It is how long a call waits for a free connection (default "
+                             "30 s).");
+    if (options.commit_attempts < 1 || options.commit_attempts > 100)
+      throw std::invalid_argument("idemgate: PostgresOptions::commit_attempts is " +
+                                  std::to_string(options.commit_attempts) +
+                                  "; it must be between 1 and 100. It is how often a commit "
+                                  "whose connection broke is tried (default 3).");
+    using std::chrono::hours;
+    using std::chrono::seconds;
+    detail::require_in_range("PostgresOptions::connect_timeout", options.connect_timeout,
+                             seconds(0), hours(1),
+                             "It bounds opening a connection (default 5 s; 0: libpq's "
+                             "own, no bound).");
+    detail::require_in_range("PostgresOptions::keepalives_idle", options.keepalives_idle,
+                             seconds(0), hours(1),
+                             "It is the silence before a keepalive probe (default 10 s).");
+    detail::require_in_range("PostgresOptions::keepalives_interval", options.keepalives_interval,
+                             seconds(0), hours(1),
+                             "It is the time between keepalive probes (default 3 s).");
+    detail::require_in_range("PostgresOptions::keepalives_count", options.keepalives_count,
+                             std::size_t{0}, std::size_t{1000},
+                             "It is how many unanswered probes drop a connection "
+                             "(default 3).");
+    detail::require_in_range("PostgresOptions::tcp_user_timeout", options.tcp_user_timeout,
+                             milliseconds(0), hours(1),
+                             "It bounds unacknowledged sent data (default 15 s).");
+    detail::require_in_range("PostgresOptions::statement_timeout", options.statement_timeout,
+                             milliseconds(0), hours(24),
+                             "It is the server's limit per statement (default 15 s).");
+    detail::require_in_range("PostgresOptions::reply_timeout", options.reply_timeout,
+                             milliseconds(0), hours(24),
+                             "It is how long a statement may go unanswered (default 20 s).");
+    if (options.reply_timeout.count() > 0 && options.statement_timeout.count() > 0 &&
+        options.reply_timeout <= options.statement_timeout)
+      throw std::invalid_argument(
+          "idemgate: PostgresOptions::reply_timeout (" + detail::describe(options.reply_timeout) +
+          ") must exceed PostgresOptions::statement_timeout (" +
+          detail::describe(options.statement_timeout) +
+          "), or statements the server would still finish are cut; raise it, or set it to "
+          "0 to turn the reply watchdog off.");
+    detail::require_in_range("PostgresOptions::retry_backoff", options.retry_backoff,
+                             milliseconds(0), std::chrono::minutes(1),
+                             "It is the first pause between commit attempts (default "
+                             "250 ms).");
+    detail::require_in_range("PostgresOptions::startup_wait", options.startup_wait, milliseconds(0),
+                             hours(24),
+                             "It is how long migrate() waits for the server (default "
+                             "2 min).");
+    return options;
+  }
+
+  static std::shared_ptr<Shared> open(std::string uri, PostgresOptions options) {
+    auto shared = std::make_shared<Shared>();
+    shared->options = checked_options(std::move(options));
+    const PostgresOptions& o = shared->options;
+    shared->table = detail::checked_table_name(o.table);
+    shared->sql = statements(shared->table);
+    shared->pool.emplace(uri, o.pool_size, o.checkout_timeout, connection_settings(o, {}));
+    shared->renewal_pool.emplace(uri, 1, o.checkout_timeout, connection_settings(o, {}), false);
+    // Behind a transaction pooler, a session-level SET would stay on whichever server
+    // connection ran it and leave other clients' commits, this store's own included, without
+    // the WAL flush: relaxed reservations set it per transaction there (reserve_statement).
+    if (o.relaxed_reservations)
+      shared->relaxed_pool = std::make_unique<detail::ConnectionPool>(
+          uri, o.pool_size, o.checkout_timeout,
+          connection_settings(o, o.pooling == PostgresPooling::transaction
+                                     ? std::string()
+                                     : std::string("SET synchronous_commit = off;")),
+          false);
+    return shared;
+  }
+
   detail::ConnectionPool& reservation_pool() { return relaxed_pool_ ? *relaxed_pool_ : pool_; }
 
   [[nodiscard]] bool pooled_by_transaction() const noexcept {
@@ -1344,12 +1552,12 @@ class PostgresStore {
     const Prepared& prepared = prepared_statements[index];
     try {
       if (pooled_by_transaction())
-        return detail::pq::exec_params(tx, sql_.*prepared.sql, std::forward<Args>(args)...);
+        return detail::pq::exec_params(tx, sql_.*prepared.sql, gate_, std::forward<Args>(args)...);
       if (!lease.prepared(index)) {
         detail::pq::prepare(lease.connection(), prepared.name, sql_.*prepared.sql);
         lease.set_prepared(index);
       }
-      return detail::pq::exec_prepared(tx, prepared.name, std::forward<Args>(args)...);
+      return detail::pq::exec_prepared(tx, prepared.name, gate_, std::forward<Args>(args)...);
     } catch (const pqxx::undefined_table&) {
       throw missing_table();
     } catch (const pqxx::undefined_column&) {
@@ -1447,20 +1655,22 @@ class PostgresStore {
   }
 
   // The pool's guards against dead connections, from the options.
-  detail::ConnectionSettings connection_settings(std::string session_sql) const {
+  static detail::ConnectionSettings connection_settings(const PostgresOptions& options,
+                                                        std::string session_sql) {
     detail::ConnectionSettings settings;
-    settings.connect_timeout = options_.connect_timeout;
-    settings.keepalives_idle = options_.keepalives_idle;
-    settings.keepalives_interval = options_.keepalives_interval;
-    settings.keepalives_count = static_cast<int>(options_.keepalives_count);
-    settings.tcp_user_timeout = options_.tcp_user_timeout;
+    settings.connect_timeout = options.connect_timeout;
+    settings.keepalives_idle = options.keepalives_idle;
+    settings.keepalives_interval = options.keepalives_interval;
+    settings.keepalives_count = static_cast<int>(options.keepalives_count);
+    settings.tcp_user_timeout = options.tcp_user_timeout;
     // Behind a transaction pooler a session-level SET would stay on a server connection other
     // clients share: the statement timeout is then the role's or the server's to set.
-    settings.statement_timeout =
-        pooled_by_transaction() ? std::chrono::milliseconds::zero() : options_.statement_timeout;
-    settings.reply_timeout = options_.reply_timeout;
+    settings.statement_timeout = options.pooling == PostgresPooling::transaction
+                                     ? std::chrono::milliseconds::zero()
+                                     : options.statement_timeout;
+    settings.reply_timeout = options.reply_timeout;
     settings.session_sql = std::move(session_sql);
-    settings.log = options_.log;
+    settings.log = options.log;
     return settings;
   }
 
@@ -1556,7 +1766,8 @@ class PostgresStore {
   std::string fenced_update_sql(const Key& key, std::int64_t fence, std::string_view result) const {
     return "UPDATE " + table_ +
            " SET status = 'committed', result = " + detail::pq::bytea_literal(result) +
-           ", updated_at = now() WHERE key = " + detail::pq::bytea_literal(key.view()) +
+           ", updated_at = now() WHERE gate = '" + gate_ +
+           "' AND key = " + detail::pq::bytea_literal(key.view()) +
            " AND status = 'in_flight' AND fence = " + std::to_string(fence);
   }
 
@@ -1692,12 +1903,15 @@ class PostgresStore {
                       "or the reconciler, finishes it.");
   }
 
-  PostgresOptions options_;
-  std::string table_;
-  Statements sql_;
-  detail::ConnectionPool pool_;
-  detail::ConnectionPool renewal_pool_;  // lease renewals only (extend)
-  std::unique_ptr<detail::ConnectionPool> relaxed_pool_;
+  std::shared_ptr<Shared> shared_;
+  std::string gate_;  // bound as $1 of every statement
+  // This handle's view of the shared state.
+  PostgresOptions& options_;
+  std::string& table_;
+  Statements& sql_;
+  detail::ConnectionPool& pool_;
+  detail::ConnectionPool& renewal_pool_;  // lease renewals only (extend)
+  std::unique_ptr<detail::ConnectionPool>& relaxed_pool_;
 };
 
 static_assert(store<PostgresStore>);

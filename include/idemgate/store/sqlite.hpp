@@ -6,6 +6,7 @@
 #include "../detail/durations.hpp"
 #include "../detail/sqlite/backup.hpp"
 #include "../detail/sqlite/statement.hpp"
+#include "../gate_name.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
 #include "log_row.hpp"
@@ -252,6 +253,10 @@ class SqliteTransaction {
  * gate's health signals with the WAL's size, purges finished rows (`monitored_store`, see
  * `Retention`), and backs up and restores the file online (`backup_to`, `restore_from`).
  *
+ * A store object is a handle: a copy, and `for_gate(name)`, share its connection and lock, and
+ * a handle from `for_gate` reads and writes only the rows of gate `name` (the log's primary key
+ * is the gate and the key). The constructor's handle sees the rows of no gate ("").
+ *
  * Example:
  *   idemgate::SqliteStore store{"/var/lib/app/idemgate.db", {.busy_timeout = 3s}};
  *   store.migrate();
@@ -270,17 +275,7 @@ class SqliteStore {
   /// -wal and -shm files read-only), or one locked past the busy timeout. `":memory:"` gives a
   /// private in-memory database (not durable, one store only).
   explicit SqliteStore(std::string path, SqliteOptions options = {})
-      : path_(std::move(path)),
-        table_(detail::sqlite::checked_table_name(options.table)),
-        busy_timeout_(options.busy_timeout),
-        wal_size_limit_(options.wal_size_limit),
-        clock_(options.clock ? std::move(options.clock)
-                             : Clock([] { return std::chrono::system_clock::now(); })),
-        sql_(statements(table_)),
-        random_(static_cast<std::uint_fast32_t>(
-            std::hash<const void*>{}(this) ^
-            static_cast<std::size_t>(
-                std::chrono::steady_clock::now().time_since_epoch().count()))) {
+      : SqliteStore(std::make_shared<Shared>(std::move(path), std::move(options)), "") {
     detail::require_in_range("SqliteOptions::busy_timeout", busy_timeout_,
                              std::chrono::milliseconds(0), std::chrono::hours(1),
                              "Writes take milliseconds; a few seconds is plenty.");
@@ -290,33 +285,22 @@ class SqliteStore {
     open();
   }
 
-  SqliteStore(const SqliteStore&) = delete;
+  /// A handle on the same connection, scoped to the same gate.
+  SqliteStore(const SqliteStore&) = default;
   SqliteStore& operator=(const SqliteStore&) = delete;
+
+  /// A handle on the same connection that reads and writes only the rows of gate `name`.
+  [[nodiscard]] SqliteStore for_gate(const GateName& name) const {
+    return SqliteStore(shared_, name.str());
+  }
+  /// The gate whose rows this handle sees ("" for rows that belong to no gate).
+  [[nodiscard]] const std::string& gate() const noexcept { return gate_; }
 
   /// The schema for a table name: the log with its constraints and indexes, and the
   /// `<table>_mismatches` table.
   [[nodiscard]] static std::string schema_sql(const std::string& table = "idemgate_log") {
     const std::string t = detail::sqlite::checked_table_name(table);
-    return "CREATE TABLE IF NOT EXISTS " + t +
-           " (\n"
-           "  key         BLOB    NOT NULL PRIMARY KEY\n"
-           "              CHECK (typeof(key) = 'blob' AND length(key) = 32),\n"
-           "  status      TEXT    NOT NULL\n"
-           "              CHECK (status IN ('in_flight', 'committed', 'failed', 'escalated')),\n"
-           "  fence       INTEGER NOT NULL DEFAULT 1 CHECK (fence > 0),\n"
-           "  lease_until INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
-           "  fingerprint BLOB    NOT NULL\n"
-           "              CHECK (typeof(fingerprint) = 'blob' AND length(fingerprint) = 32),\n"
-           "  request     BLOB    NOT NULL,\n"
-           "  result      BLOB,\n"
-           "  reason      TEXT,\n"
-           "  duplicates  INTEGER NOT NULL DEFAULT 0,  -- reservations that met this key\n"
-           "  attempts    INTEGER NOT NULL DEFAULT 1,  -- 1 + takeovers and re-drives\n"
-           "  created_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
-           "  updated_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
-           "  CHECK (status <> 'committed' OR result IS NOT NULL)\n"
-           ");\n" +
-           indexes_sql(t) +
+    return log_table_sql("CREATE TABLE IF NOT EXISTS ", t) + indexes_sql(t) +
            "-- Downstream answers that differed from the stored one (healthy: empty).\n" +
            "CREATE TABLE IF NOT EXISTS " + t +
            "_mismatches (\n"
@@ -324,32 +308,48 @@ class SqliteStore {
            "  stored      BLOB    NOT NULL,\n"
            "  observed    BLOB    NOT NULL,\n"
            "  source      TEXT    NOT NULL,\n"
-           "  at          INTEGER NOT NULL   -- microseconds since the Unix epoch\n"
+           "  at          INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
+           "  gate        TEXT    NOT NULL DEFAULT ''  -- the gate that saw it\n"
            ");\n"
            "CREATE INDEX IF NOT EXISTS " +
-           t + "_mismatches_at ON " + t + "_mismatches (at);\n";
+           t + "_mismatches_at ON " + t + "_mismatches (gate, at);\n";
   }
 
-  /// Creates the tables and indexes if missing, and adds the columns a log made by an earlier
-  /// version lacks (`duplicates`, `attempts`), keeping every row. Idempotent and safe from
-  /// several processes at once.
+  /**
+   * Creates the tables and indexes if missing, and brings a log made by an earlier version to
+   * this version's shape, keeping every row: adds the columns it lacks (`duplicates`,
+   * `attempts`), and gives a log without gates its `gate` column and the primary key (gate,
+   * key) by rebuilding the table (SQLite cannot change a primary key in place). Rows written
+   * before logs knew their gates belong to no gate (''): assign them with
+   * `for_gate(name).adopt_unowned_rows(...)`. All in one write transaction, which writers of
+   * other processes wait for (the rebuild copies every row). Idempotent and safe from several
+   * processes at once.
+   */
   void migrate() {
     run("creating the idemgate table", nullptr, [&] {
       begin();
+      const auto lacks = [&](const std::string& table, const char* column) {
+        return detail::sqlite::query_int(db_.get(),
+                                         "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1)) "
+                                         "AND NOT EXISTS (SELECT 1 FROM pragma_table_info(?1) "
+                                         "WHERE name = ?2)",
+                                         table, column)
+                   .value_or(0) != 0;
+      };
       // CREATE TABLE IF NOT EXISTS keeps an earlier log as it is: add what it lacks first.
       for (const auto& [column, definition] :
            {std::pair<const char*, const char*>{"duplicates", "INTEGER NOT NULL DEFAULT 0"},
             std::pair<const char*, const char*>{"attempts", "INTEGER NOT NULL DEFAULT 1"}}) {
-        const bool missing = detail::sqlite::query_int(db_.get(),
-                                                       "SELECT EXISTS (SELECT 1 FROM "
-                                                       "pragma_table_info(?1)) AND NOT EXISTS "
-                                                       "(SELECT 1 FROM pragma_table_info(?1) "
-                                                       "WHERE name = ?2)",
-                                                       table_, column)
-                                 .value_or(0) != 0;
-        if (missing)
+        if (lacks(table_, column))
           detail::sqlite::exec(
               db_.get(), "ALTER TABLE " + table_ + " ADD COLUMN " + column + " " + definition);
+      }
+      if (lacks(table_, "gate")) add_gates_to_log();
+      if (lacks(table_ + "_mismatches", "gate")) {
+        detail::sqlite::exec(db_.get(), "ALTER TABLE " + table_ +
+                                            "_mismatches ADD COLUMN gate TEXT NOT NULL DEFAULT ''");
+        // The index on (at) alone is replaced by one on (gate, at) below.
+        detail::sqlite::exec(db_.get(), "DROP INDEX IF EXISTS " + table_ + "_mismatches_at");
       }
       const std::string schema = schema_sql(table_);
       char* error = nullptr;
@@ -539,7 +539,7 @@ class SqliteStore {
     return run("reading a key", &key, [&]() -> std::optional<Record> {
       auto& read = statement(sql_.find);
       detail::sqlite::ResetGuard guard(read);
-      read.bind("reading a key", key);
+      read.bind("reading a key", key, gate_);
       if (!read.step("reading a key")) return std::nullopt;
       return detail::to_record(detail::sqlite::Row{read});
     });
@@ -559,7 +559,7 @@ class SqliteStore {
         auto& take = statement(sql_.take_stale);
         detail::sqlite::ResetGuard guard(take);
         take.bind("taking stale rows", now, detail::sqlite::earlier(now, stale_after),
-                  detail::sqlite::later(now, lease), detail::sql_limit(limit));
+                  detail::sqlite::later(now, lease), detail::sql_limit(limit), gate_);
         while (take.step("taking stale rows"))
           taken.push_back({detail::key_from(take.bytes(0)), take.int64(1), take.bytes(2),
                            take.int64(3), take.is_null(4) ? std::string() : take.bytes(4)});
@@ -574,7 +574,7 @@ class SqliteStore {
     return run("listing escalated rows", nullptr, [&] {
       auto& list = statement(sql_.escalated);
       detail::sqlite::ResetGuard guard(list);
-      list.bind("listing escalated rows", detail::sql_limit(limit));
+      list.bind("listing escalated rows", detail::sql_limit(limit), gate_);
       std::vector<Record> parked;
       while (list.step("listing escalated rows"))
         parked.push_back(detail::to_record(detail::sqlite::Row{list}));
@@ -594,7 +594,7 @@ class SqliteStore {
       {
         auto& update = statement(sql_.resolve);
         detail::sqlite::ResetGuard guard(update);
-        update.bind("resolving", key, SqliteBlob{result}, now);
+        update.bind("resolving", key, SqliteBlob{result}, now, gate_);
         if (!update.step("resolving")) {
           update.reset();
           rollback();
@@ -650,7 +650,7 @@ class SqliteStore {
       const std::int64_t since = detail::sqlite::earlier(now, window);
       auto& read = statement(sql_.signals);
       detail::sqlite::ResetGuard guard(read);
-      read.bind("reading the signals", since);
+      read.bind("reading the signals", since, gate_);
       if (!read.step("reading the signals"))
         throw StoreError("idemgate: the signals query of " + table_ + " returned no row");
       // The oldest in-flight row comes as its creation instant in microseconds.
@@ -682,7 +682,7 @@ class SqliteStore {
     return run("listing mismatches", nullptr, [&] {
       auto& list = statement(sql_.mismatches);
       detail::sqlite::ResetGuard guard(list);
-      list.bind("listing mismatches", detail::sql_limit(limit));
+      list.bind("listing mismatches", detail::sql_limit(limit), gate_);
       std::vector<Mismatch> found;
       while (list.step("listing mismatches"))
         found.push_back({detail::key_from(list.bytes(0)), list.bytes(1), list.bytes(2),
@@ -715,6 +715,26 @@ class SqliteStore {
       deleted += static_cast<std::size_t>(n);
       if (static_cast<std::size_t>(n) < batch) return deleted;
     }
+  }
+
+  /**
+   * Gives this handle's gate the rows that belong to no gate (written before logs knew their
+   * gates), up to `limit` of them in one write transaction, except keys this gate already holds;
+   * returns how many it moved. Call it until it returns less than `limit`. Throws
+   * `std::logic_error` on a handle scoped to no gate.
+   *
+   * Example:
+   *   while (store.for_gate("ect.claim_slot").adopt_unowned_rows(1000) == 1000) {}
+   */
+  std::size_t adopt_unowned_rows(std::size_t limit) {
+    detail::require_named_scope(gate_, "adopt_unowned_rows");
+    return run("adopting rows of no gate", nullptr, [&] {
+      begin();
+      const std::int64_t moved =
+          change(sql_.adopt, "adopting rows of no gate", detail::sql_limit(limit));
+      end("adopting rows of no gate");
+      return static_cast<std::size_t>(moved);
+    });
   }
 
   /**
@@ -764,8 +784,87 @@ class SqliteStore {
   struct Statements {
     std::string reserve, duplicate, take_over, commit, fail, escalate, release, find, take_stale,
         escalated, resolve, settled, signals, record_mismatch, mismatches, purge, redrive_key,
-        redrive_range, left_as_written, extend;
+        redrive_range, left_as_written, extend, adopt;
   };
+
+  // Everything the handles on one connection share: the connection, its lock and statements,
+  // the options, and the state of the call that holds the lock. SQLite's hooks point here, never
+  // at a handle, which may be gone while the connection lives on.
+  struct Shared {
+    Shared(std::string file, SqliteOptions options)
+        : path(std::move(file)),
+          table(detail::sqlite::checked_table_name(options.table)),
+          busy_timeout(options.busy_timeout),
+          wal_size_limit(options.wal_size_limit),
+          clock(options.clock ? std::move(options.clock)
+                              : Clock([] { return std::chrono::system_clock::now(); })),
+          sql(statements(table)),
+          random(static_cast<std::uint_fast32_t>(
+              std::hash<const void*>{}(this) ^
+              static_cast<std::size_t>(
+                  std::chrono::steady_clock::now().time_since_epoch().count()))) {}
+
+    std::string path;
+    std::string table;
+    std::chrono::milliseconds busy_timeout;
+    std::size_t wal_size_limit;
+    Clock clock;
+    Statements sql;
+    detail::sqlite::Connection db;
+    std::unordered_map<std::string, std::unique_ptr<detail::sqlite::Statement>> cache;
+    std::timed_mutex mutex;
+    std::minstd_rand random;
+    std::string wal_path;
+    std::int64_t page_size = 4096;
+
+    // Guarded by mutex: the current call's deadline, the business write's guard, the WAL.
+    std::chrono::steady_clock::time_point deadline{};
+    bool guarding = false;
+    bool business_ran = false;
+    int vetoed = 0;
+    int rollbacks = 0;
+    std::int64_t wal_frames = 0;
+    std::chrono::steady_clock::time_point next_checkpoint{};
+    std::chrono::milliseconds checkpoint_backoff{0};
+    std::chrono::steady_clock::time_point contended_at{};
+    std::chrono::steady_clock::time_point committed_at{};
+
+    // Who holds mutex, read by calls that wait for it.
+    std::atomic<const char*> holder_doing{nullptr};
+    std::atomic<std::int64_t> holder_since{0};
+    std::atomic<bool> holder_in_business{false};
+    std::atomic<std::thread::id> holder_thread{};
+  };
+
+  SqliteStore(std::shared_ptr<Shared> shared, std::string gate)
+      : shared_(std::move(shared)),
+        gate_(std::move(gate)),
+        path_(shared_->path),
+        table_(shared_->table),
+        busy_timeout_(shared_->busy_timeout),
+        wal_size_limit_(shared_->wal_size_limit),
+        clock_(shared_->clock),
+        sql_(shared_->sql),
+        db_(shared_->db),
+        cache_(shared_->cache),
+        mutex_(shared_->mutex),
+        random_(shared_->random),
+        wal_path_(shared_->wal_path),
+        page_size_(shared_->page_size),
+        deadline_(shared_->deadline),
+        guarding_(shared_->guarding),
+        business_ran_(shared_->business_ran),
+        vetoed_(shared_->vetoed),
+        rollbacks_(shared_->rollbacks),
+        wal_frames_(shared_->wal_frames),
+        next_checkpoint_(shared_->next_checkpoint),
+        checkpoint_backoff_(shared_->checkpoint_backoff),
+        contended_at_(shared_->contended_at),
+        committed_at_(shared_->committed_at),
+        holder_doing_(shared_->holder_doing),
+        holder_since_(shared_->holder_since),
+        holder_in_business_(shared_->holder_in_business),
+        holder_thread_(shared_->holder_thread) {}
 
   /// Marks the store's lock as held by the calling thread, for the errors of calls that wait.
   class Holding {
@@ -808,24 +907,68 @@ class SqliteStore {
     SqliteStore& store_;
   };
 
+  // The log table `t`, created by `create` ("CREATE TABLE IF NOT EXISTS " or "CREATE TABLE ").
+  static std::string log_table_sql(std::string_view create, const std::string& t) {
+    return std::string(create) + t +
+           " (\n"
+           "  gate        TEXT    NOT NULL DEFAULT '',  -- the gate the row belongs to ('': none)\n"
+           "  key         BLOB    NOT NULL\n"
+           "              CHECK (typeof(key) = 'blob' AND length(key) = 32),\n"
+           "  status      TEXT    NOT NULL\n"
+           "              CHECK (status IN ('in_flight', 'committed', 'failed', 'escalated')),\n"
+           "  fence       INTEGER NOT NULL DEFAULT 1 CHECK (fence > 0),\n"
+           "  lease_until INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
+           "  fingerprint BLOB    NOT NULL\n"
+           "              CHECK (typeof(fingerprint) = 'blob' AND length(fingerprint) = 32),\n"
+           "  request     BLOB    NOT NULL,\n"
+           "  result      BLOB,\n"
+           "  reason      TEXT,\n"
+           "  duplicates  INTEGER NOT NULL DEFAULT 0,  -- reservations that met this key\n"
+           "  attempts    INTEGER NOT NULL DEFAULT 1,  -- 1 + takeovers and re-drives\n"
+           "  created_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
+           "  updated_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
+           "  PRIMARY KEY (gate, key),  -- two gates may hold the same key\n"
+           "  CHECK (status <> 'committed' OR result IS NOT NULL)\n"
+           ");\n";
+  }
+
+  // Every index leads with the gate: each scan reads only its own gate's rows.
   static std::string indexes_sql(const std::string& t) {
     return "-- Stranded work: the reconciler's scan, the in-flight count and the oldest row.\n"
            "CREATE INDEX IF NOT EXISTS " +
            t + "_in_flight ON " + t +
-           " (lease_until) WHERE status = 'in_flight';\n"
+           " (gate, lease_until) WHERE status = 'in_flight';\n"
            "-- The manual queue and its count.\n"
            "CREATE INDEX IF NOT EXISTS " +
            t + "_escalated ON " + t +
-           " (updated_at) WHERE status = 'escalated';\n"
+           " (gate, updated_at) WHERE status = 'escalated';\n"
            "-- Re-driving failed rows by when they failed.\n"
            "CREATE INDEX IF NOT EXISTS " +
            t + "_failed ON " + t +
-           " (updated_at) WHERE status = 'failed';\n"
+           " (gate, updated_at) WHERE status = 'failed';\n"
            "-- Retention and the signals' window.\n"
            "CREATE INDEX IF NOT EXISTS " +
-           t + "_created ON " + t + " (created_at);\n";
+           t + "_created ON " + t + " (gate, created_at);\n";
   }
 
+  // Rebuilds a log made before rows knew their gates (primary key: the key alone) with the
+  // primary key (gate, key), inside migrate()'s transaction: SQLite cannot change a primary key
+  // in place. Its rows are copied as rows of no gate (''); dropping the old table drops its
+  // indexes, and migrate() creates the new ones.
+  void add_gates_to_log() {
+    const std::string rebuilt = table_ + "_with_gates";
+    std::string columns;  // every column but the gate, by name: the old log's order may differ
+    for (std::string_view name : detail::log_column_names)
+      if (name != detail::gate_column) columns.append(columns.empty() ? "" : ", ").append(name);
+    detail::sqlite::exec(db_.get(), log_table_sql("CREATE TABLE ", rebuilt));
+    detail::sqlite::exec(db_.get(), "INSERT INTO " + rebuilt + " (gate, " + columns +
+                                        ") SELECT '', " + columns + " FROM " + table_);
+    detail::sqlite::exec(db_.get(), "DROP TABLE " + table_);
+    detail::sqlite::exec(db_.get(), "ALTER TABLE " + rebuilt + " RENAME TO " + table_);
+  }
+
+  // Every statement takes the handle's gate as its last parameter (`change` and the reads bind
+  // it): a handle never reads or writes another gate's row.
   static Statements statements(const std::string& t) {
     const std::string columns = detail::record_select_list(
         [](detail::LogColumn, std::string_view name) { return std::string(name); });
@@ -833,90 +976,99 @@ class SqliteStore {
     // A new key is inserted; for a key that exists, `duplicate` counts the reservation and
     // returns the stored row, in the same write transaction, so no reservation goes uncounted.
     s.reserve = "INSERT INTO " + t +
-                " (key, status, fence, lease_until, fingerprint, request, duplicates, attempts,"
-                " created_at, updated_at) VALUES (?1, 'in_flight', 1, ?2, ?3, ?4, 0, 1, ?5, ?5)"
-                " ON CONFLICT (key) DO NOTHING";
+                " (gate, key, status, fence, lease_until, fingerprint, request, duplicates,"
+                " attempts, created_at, updated_at)"
+                " VALUES (?6, ?1, 'in_flight', 1, ?2, ?3, ?4, 0, 1, ?5, ?5)"
+                " ON CONFLICT (gate, key) DO NOTHING";
     s.duplicate = "UPDATE " + t +
-                  " SET duplicates = duplicates + 1 WHERE key = ?1"
+                  " SET duplicates = duplicates + 1 WHERE gate = ?2 AND key = ?1"
                   " RETURNING fence, status, fingerprint, lease_until, result, reason";
     s.take_over = "UPDATE " + t +
                   " SET fence = fence + 1, attempts = attempts + 1, lease_until = ?3,"
                   " updated_at = ?4"
-                  " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2 AND lease_until < ?4"
-                  " RETURNING fence";
+                  " WHERE gate = ?5 AND key = ?1 AND status = 'in_flight' AND fence = ?2"
+                  " AND lease_until < ?4 RETURNING fence";
     s.commit = "UPDATE " + t +
                " SET status = 'committed', result = ?3, updated_at = ?4"
-               " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
+               " WHERE gate = ?5 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
     s.fail = "UPDATE " + t +
              " SET status = 'failed', reason = ?3, updated_at = ?4"
-             " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
+             " WHERE gate = ?5 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
     s.escalate = "UPDATE " + t +
                  " SET status = 'escalated', reason = ?3, updated_at = ?4"
-                 " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
+                 " WHERE gate = ?5 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
     // The row stays: its lease ends, so the next delivery takes it over with a higher fence (a
     // worker still holding the old fence can never commit), and if no delivery comes back the
     // reconciler finishes the event.
     s.release = "UPDATE " + t +
                 " SET lease_until = ?3, updated_at = ?4,"
                 " reason = CASE WHEN ?5 = '' THEN reason ELSE ?5 END"
-                " WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
+                " WHERE gate = ?6 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
     s.extend = "UPDATE " + t +
-               " SET lease_until = ?3 WHERE key = ?1 AND status = 'in_flight' AND fence = ?2";
-    s.find = "SELECT " + columns + " FROM " + t + " WHERE key = ?1";
+               " SET lease_until = ?3"
+               " WHERE gate = ?4 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
+    s.find = "SELECT " + columns + " FROM " + t + " WHERE gate = ?2 AND key = ?1";
     s.take_stale = "UPDATE " + t +
                    " SET fence = fence + 1, attempts = attempts + 1, lease_until = ?3,"
                    " updated_at = ?1"
-                   " WHERE key IN (SELECT key FROM " +
+                   " WHERE gate = ?5 AND key IN (SELECT key FROM " +
                    t +
-                   " WHERE status = 'in_flight' AND lease_until < ?1 AND updated_at <= ?2"
-                   " ORDER BY lease_until LIMIT ?4)"
+                   " WHERE gate = ?5 AND status = 'in_flight' AND lease_until < ?1"
+                   " AND updated_at <= ?2 ORDER BY lease_until LIMIT ?4)"
                    " RETURNING key, fence, request, attempts, reason";
     s.escalated = "SELECT " + columns + " FROM " + t +
-                  " WHERE status = 'escalated' ORDER BY updated_at, rowid LIMIT ?1";
+                  " WHERE gate = ?2 AND status = 'escalated' ORDER BY updated_at, rowid LIMIT ?1";
     s.resolve = "UPDATE " + t +
                 " SET status = 'committed', result = ?2, updated_at = ?3"
-                " WHERE key = ?1 AND status = 'escalated' RETURNING fence";
-    s.settled = "SELECT status, fence FROM " + t + " WHERE key = ?1";
+                " WHERE gate = ?4 AND key = ?1 AND status = 'escalated' RETURNING fence";
+    s.settled = "SELECT status, fence FROM " + t + " WHERE gate = ?2 AND key = ?1";
     s.signals =
         "SELECT w.events, w.duplicates, f.n, f.oldest, e.n, m.keys, a.n, f.retrying FROM"
         " (SELECT count(*) AS events, coalesce(sum(duplicates), 0) AS duplicates FROM " +
         t +
-        " WHERE created_at >= ?1) AS w,"
+        " WHERE gate = ?2 AND created_at >= ?1) AS w,"
         " (SELECT count(*) AS n, min(created_at) AS oldest,"
         " coalesce(sum(attempts > 1), 0) AS retrying FROM " +
         t +
-        " WHERE status = 'in_flight') AS f,"
+        " WHERE gate = ?2 AND status = 'in_flight') AS f,"
         " (SELECT count(*) AS n FROM " +
         t +
-        " WHERE status = 'escalated') AS e,"
+        " WHERE gate = ?2 AND status = 'escalated') AS e,"
         " (SELECT count(DISTINCT key) AS keys FROM " +
         t +
-        "_mismatches WHERE at >= ?1) AS m,"
+        "_mismatches WHERE gate = ?2 AND at >= ?1) AS m,"
         " (SELECT count(*) AS n FROM " +
-        t + "_mismatches) AS a";
+        t + "_mismatches WHERE gate = ?2) AS a";
     s.record_mismatch = "INSERT INTO " + t +
-                        "_mismatches (key, stored, observed, source, at)"
-                        " VALUES (?1, ?2, ?3, ?4, ?5)";
+                        "_mismatches (gate, key, stored, observed, source, at)"
+                        " VALUES (?6, ?1, ?2, ?3, ?4, ?5)";
     // rowid breaks ties between mismatches recorded in the same microsecond.
     s.mismatches = "SELECT key, stored, observed, source, at FROM " + t +
-                   "_mismatches ORDER BY at DESC, rowid DESC LIMIT ?1";
-    s.purge = "DELETE FROM " + t + " WHERE key IN (SELECT key FROM " + t +
-              " WHERE created_at < ?1 AND updated_at < ?1 AND status IN ('committed', 'failed') "
-              "LIMIT ?2)";
+                   "_mismatches WHERE gate = ?2 ORDER BY at DESC, rowid DESC LIMIT ?1";
+    s.purge = "DELETE FROM " + t + " WHERE gate = ?3 AND key IN (SELECT key FROM " + t +
+              " WHERE gate = ?3 AND created_at < ?1 AND updated_at < ?1"
+              " AND status IN ('committed', 'failed') LIMIT ?2)";
     // A re-driven row is in flight under a new fence with its lease ended: the next delivery
     // takes it over at once, or the reconciler does.
     const std::string redrive = "UPDATE " + t +
                                 " SET status = 'in_flight', fence = fence + 1,"
                                 " attempts = attempts + 1, reason = NULL,";
-    s.redrive_key =
-        redrive + " lease_until = ?2, updated_at = ?3 WHERE key = ?1 AND status = 'failed'";
+    s.redrive_key = redrive +
+                    " lease_until = ?2, updated_at = ?3"
+                    " WHERE gate = ?4 AND key = ?1 AND status = 'failed'";
     s.redrive_range = redrive +
-                      " lease_until = ?4, updated_at = ?5 WHERE key IN (SELECT key FROM " + t +
-                      " WHERE status = 'failed' AND updated_at >= ?1 AND updated_at < ?2"
-                      " ORDER BY updated_at LIMIT ?3)";
+                      " lease_until = ?4, updated_at = ?5 WHERE gate = ?6 AND key IN"
+                      " (SELECT key FROM " +
+                      t +
+                      " WHERE gate = ?6 AND status = 'failed' AND updated_at >= ?1"
+                      " AND updated_at < ?2 ORDER BY updated_at LIMIT ?3)";
     s.left_as_written = "SELECT count(*) FROM " + t +
-                        " WHERE key = ?1 AND status = 'committed' AND fence = ?2 AND"
-                        " updated_at = ?3";
+                        " WHERE gate = ?4 AND key = ?1 AND status = 'committed' AND fence = ?2"
+                        " AND updated_at = ?3";
+    // Rows of no gate move to the handle's gate, except keys it already holds.
+    s.adopt = "UPDATE " + t + " SET gate = ?2 WHERE gate = '' AND key IN (SELECT u.key FROM " + t +
+              " AS u WHERE u.gate = '' AND NOT EXISTS (SELECT 1 FROM " + t +
+              " AS held WHERE held.gate = ?2 AND held.key = u.key) LIMIT ?1)";
     return s;
   }
 
@@ -931,10 +1083,11 @@ class SqliteStore {
                        ". " + detail::sqlite::advice(code, message));
     }
     sqlite3_extended_result_codes(db_.get(), 1);
-    sqlite3_busy_handler(db_.get(), &SqliteStore::on_busy, this);
-    sqlite3_commit_hook(db_.get(), &SqliteStore::on_commit, this);
-    sqlite3_rollback_hook(db_.get(), &SqliteStore::on_rollback, this);
-    sqlite3_wal_hook(db_.get(), &SqliteStore::on_wal, this);
+    // The hooks get the shared state: the connection outlives any one handle.
+    sqlite3_busy_handler(db_.get(), &SqliteStore::on_busy, shared_.get());
+    sqlite3_commit_hook(db_.get(), &SqliteStore::on_commit, shared_.get());
+    sqlite3_rollback_hook(db_.get(), &SqliteStore::on_rollback, shared_.get());
+    sqlite3_wal_hook(db_.get(), &SqliteStore::on_wal, shared_.get());
     // The first statement reads the file's header: a file that is not a database fails here.
     std::string mode;
     run("switching to WAL mode", nullptr, [&] {
@@ -985,7 +1138,7 @@ class SqliteStore {
       // The key exists (the write lock is held since BEGIN): count the duplicate, read the row.
       auto& met = statement(sql_.duplicate);
       detail::sqlite::ResetGuard guard(met);
-      met.bind("reserving a key", key);
+      met.bind("reserving a key", key, gate_);
       if (!met.step("reserving a key"))
         throw StoreError("idemgate: the reservation of key " + key.hex() + " in " + table_ +
                          " neither inserted nor found its row; check the table's PRIMARY KEY "
@@ -1001,7 +1154,7 @@ class SqliteStore {
     if (take_over) {
       auto& take = statement(sql_.take_over);
       detail::sqlite::ResetGuard guard(take);
-      take.bind("taking over a lease", key, found.fence, until, now);
+      take.bind("taking over a lease", key, found.fence, until, now, gate_);
       if (take.step("taking over a lease")) return Reservation::taken_over(take.int64(0));
     }
     // The duplicate counted above is kept.
@@ -1061,49 +1214,48 @@ class SqliteStore {
         rollback_quietly();
         throw;
       }
-      pause(0, deadline - std::chrono::steady_clock::now());
+      pause(random_, 0, deadline - std::chrono::steady_clock::now());
     }
   }
 
   // A short, capped, jittered sleep: waiters in several processes poll often enough that short
   // transactions cannot starve one of them, and never in step with each other.
-  void pause(int round, std::chrono::steady_clock::duration left) {
+  static void pause(std::minstd_rand& random, int round, std::chrono::steady_clock::duration left) {
     if (left <= std::chrono::steady_clock::duration::zero()) return;
     const std::int64_t cap = std::min<std::int64_t>(2000, std::int64_t{50} << std::min(round, 6));
     std::uniform_int_distribution<std::int64_t> pick(cap / 2, cap);
-    const std::chrono::steady_clock::duration sleep = std::chrono::microseconds(pick(random_));
+    const std::chrono::steady_clock::duration sleep = std::chrono::microseconds(pick(random));
     std::this_thread::sleep_for(std::min(sleep, left));
   }
 
   // SQLite's busy handler: wait for another connection's lock until the call's deadline.
-  static int on_busy(void* self, int round) {
-    auto& store = *static_cast<SqliteStore*>(self);
-    const auto left = store.deadline_ - std::chrono::steady_clock::now();
+  static int on_busy(void* shared, int round) {
+    auto& state = *static_cast<Shared*>(shared);
+    const auto left = state.deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::steady_clock::duration::zero()) return 0;
-    store.contended_at_ = std::chrono::steady_clock::now();
-    store.pause(round, left);
+    state.contended_at = std::chrono::steady_clock::now();
+    pause(state.random, round, left);
     return 1;
   }
 
   // While the business write runs, no commit may happen: the only commit that may carry its
   // rows is the store's own, with the log row.
-  static int on_commit(void* self) {
-    auto& store = *static_cast<SqliteStore*>(self);
-    if (!store.guarding_) return 0;
-    ++store.vetoed_;
+  static int on_commit(void* shared) {
+    auto& state = *static_cast<Shared*>(shared);
+    if (!state.guarding) return 0;
+    ++state.vetoed;
     return 1;
   }
 
-  static void on_rollback(void* self) {
-    auto& store = *static_cast<SqliteStore*>(self);
-    if (store.guarding_) ++store.rollbacks_;
+  static void on_rollback(void* shared) {
+    auto& state = *static_cast<Shared*>(shared);
+    if (state.guarding) ++state.rollbacks;
   }
 
   // A WAL hook replaces SQLite's automatic checkpoint, so this one keeps it (passive, at
   // SQLite's default of 1000 frames) and notes the WAL's length for keep_wal_small().
-  static int on_wal(void* self, sqlite3* db, const char* name, int frames) {
-    auto& store = *static_cast<SqliteStore*>(self);
-    store.wal_frames_ = frames;
+  static int on_wal(void* shared, sqlite3* db, const char* name, int frames) {
+    static_cast<Shared*>(shared)->wal_frames = frames;
     if (frames >= 1000)
       sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
     return SQLITE_OK;
@@ -1149,7 +1301,7 @@ class SqliteStore {
     }
     const std::string running = reset_running_statements();
     std::string cause;
-    if (sqlite3_commit_hook(db_.get(), &SqliteStore::on_commit, this) != this)
+    if (sqlite3_commit_hook(db_.get(), &SqliteStore::on_commit, shared_.get()) != shared_.get())
       cause = "it replaced the store's commit hook (sqlite3_commit_hook on tx.db())";
     else if (vetoed_ > 0)
       cause = "it committed, or tried to, on its own: the store refused " +
@@ -1170,7 +1322,7 @@ class SqliteStore {
               running;
     else if (!left_as_written(key, fence, now))
       cause = "the log row the store wrote in this transaction is no longer as the store wrote it";
-    sqlite3_rollback_hook(db_.get(), &SqliteStore::on_rollback, this);
+    sqlite3_rollback_hook(db_.get(), &SqliteStore::on_rollback, shared_.get());
     if (!cause.empty())
       throw BusinessWriteError(
           "idemgate: the business write for key " + key.hex() + " on " + path_ +
@@ -1201,7 +1353,7 @@ class SqliteStore {
   bool left_as_written(const Key& key, std::int64_t fence, std::int64_t now) {
     auto& read = statement(sql_.left_as_written);
     detail::sqlite::ResetGuard guard(read);
-    read.bind("checking the log row before committing", key, fence, now);
+    read.bind("checking the log row before committing", key, fence, now, gate_);
     return read.step("checking the log row before committing") && read.int64(0) == 1;
   }
 
@@ -1267,7 +1419,7 @@ class SqliteStore {
     // the write lock again, so that waiting processes (polling) get their turn.
     const auto now = std::chrono::steady_clock::now();
     if (now - contended_at_ < contention_memory && now - committed_at_ < contention_memory / 50)
-      pause(1, deadline_ - now);
+      pause(random_, 1, deadline_ - now);
     auto& start = statement("BEGIN IMMEDIATE");
     start.bind("starting a write transaction");
     start.step("starting a write transaction");
@@ -1347,7 +1499,7 @@ class SqliteStore {
   std::int64_t change(const std::string& sql, std::string_view doing, const Args&... args) {
     auto& update = statement(sql);
     detail::sqlite::ResetGuard guard(update);
-    update.bind(doing, args...);
+    update.bind(doing, args..., gate_);
     while (update.step(doing)) {
     }
     return sqlite3_changes64(db_.get());
@@ -1357,7 +1509,7 @@ class SqliteStore {
   CommitStatus settled_earlier(const Key& key, std::int64_t fence, RecordStatus target) {
     auto& read = statement(sql_.settled);
     detail::sqlite::ResetGuard guard(read);
-    read.bind("checking an earlier attempt", key);
+    read.bind("checking an earlier attempt", key, gate_);
     if (!read.step("checking an earlier attempt"))
       throw StoreError("idemgate: the reservation of this event is gone from " + path_ +
                        " (lost in a crash or a restore?); nothing was written. Do not ack: the "
@@ -1397,36 +1549,35 @@ class SqliteStore {
   // How long a store remembers that it had to wait for another connection.
   static constexpr std::chrono::milliseconds contention_memory{100};
 
-  std::string path_;
-  std::string table_;
-  std::chrono::milliseconds busy_timeout_;
-  std::size_t wal_size_limit_;
-  Clock clock_;
-  Statements sql_;
-  detail::sqlite::Connection db_;
-  std::unordered_map<std::string, std::unique_ptr<detail::sqlite::Statement>> cache_;
-  std::timed_mutex mutex_;
-  std::minstd_rand random_;
-  std::string wal_path_;
-  std::int64_t page_size_ = 4096;
-
-  // Guarded by mutex_: the current call's deadline, the business write's guard, the WAL.
-  std::chrono::steady_clock::time_point deadline_{};
-  bool guarding_ = false;
-  bool business_ran_ = false;
-  int vetoed_ = 0;
-  int rollbacks_ = 0;
-  std::int64_t wal_frames_ = 0;
-  std::chrono::steady_clock::time_point next_checkpoint_{};
-  std::chrono::milliseconds checkpoint_backoff_{0};
-  std::chrono::steady_clock::time_point contended_at_{};
-  std::chrono::steady_clock::time_point committed_at_{};
-
-  // Who holds mutex_, read by calls that wait for it.
-  std::atomic<const char*> holder_doing_{nullptr};
-  std::atomic<std::int64_t> holder_since_{0};
-  std::atomic<bool> holder_in_business_{false};
-  std::atomic<std::thread::id> holder_thread_{};
+  std::shared_ptr<Shared> shared_;
+  std::string gate_;
+  // This handle's view of the shared state, under the names the methods use.
+  std::string& path_;
+  std::string& table_;
+  std::chrono::milliseconds& busy_timeout_;
+  std::size_t& wal_size_limit_;
+  Clock& clock_;
+  Statements& sql_;
+  detail::sqlite::Connection& db_;
+  std::unordered_map<std::string, std::unique_ptr<detail::sqlite::Statement>>& cache_;
+  std::timed_mutex& mutex_;
+  std::minstd_rand& random_;
+  std::string& wal_path_;
+  std::int64_t& page_size_;
+  std::chrono::steady_clock::time_point& deadline_;
+  bool& guarding_;
+  bool& business_ran_;
+  int& vetoed_;
+  int& rollbacks_;
+  std::int64_t& wal_frames_;
+  std::chrono::steady_clock::time_point& next_checkpoint_;
+  std::chrono::milliseconds& checkpoint_backoff_;
+  std::chrono::steady_clock::time_point& contended_at_;
+  std::chrono::steady_clock::time_point& committed_at_;
+  std::atomic<const char*>& holder_doing_;
+  std::atomic<std::int64_t>& holder_since_;
+  std::atomic<bool>& holder_in_business_;
+  std::atomic<std::thread::id>& holder_thread_;
 };
 
 static_assert(store<SqliteStore>);
