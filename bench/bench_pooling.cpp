@@ -54,7 +54,7 @@ struct GatedStore {
                 options.pooling = pooling;
                 return options;
               }()),
-        gate(store, downstream, BusinessWrite{}) {}
+        gate(pg::gate_name, store, downstream, BusinessWrite{}) {}
 
   idemgate::PostgresStore store;
   NoopDownstream downstream;

@@ -67,7 +67,7 @@ struct GatedStore {
              idemgate::GateOptions gate_options = {})
       : pool_size(options.pool_size),
         store(uri, std::move(options)),
-        gate(store, downstream, BusinessWrite{}, gate_options) {
+        gate(pg::gate_name, store, downstream, BusinessWrite{}, gate_options) {
     store.migrate();
     std::vector<idemgate::detail::ConnectionPool::Lease> leases;
     for (std::size_t i = 0; i < pool_size; ++i) {
@@ -263,17 +263,17 @@ class HandLoop {
     std::int64_t fence = 0;
     {
       pqxx::nontransaction tx(connection_);
-      const pqxx::result rows =
-          idemgate::detail::pq::exec_prepared(tx, "idemgate_reserve", key_param, fingerprint_param,
-                                              request_param_, lease_ms_, ++holder_);
+      const pqxx::result rows = idemgate::detail::pq::exec_prepared(
+          tx, "idemgate_reserve", pg::gate_name, key_param, fingerprint_param, request_param_,
+          lease_ms_, ++holder_);
       if (rows.empty() || !idemgate::detail::pq::bool_field(rows[0][0]))
         throw std::runtime_error("the hand loop met an existing key");
       fence = idemgate::detail::pq::int_field(rows[0][1]);
     }
     pqxx::work tx(connection_);
     pg::write_business(tx, key, idemgate::bench::outcome());
-    const pqxx::result updated =
-        idemgate::detail::pq::exec_prepared(tx, "idemgate_commit", key_param, fence, result_param_);
+    const pqxx::result updated = idemgate::detail::pq::exec_prepared(
+        tx, "idemgate_commit", pg::gate_name, key_param, fence, result_param_);
     if (idemgate::detail::pq::affected_rows(updated) != 1)
       throw std::runtime_error("the hand loop lost a fence");
     tx.commit();

@@ -39,6 +39,8 @@ using idemgate::bench::NoopDownstream;
 using idemgate::bench::timed_events;
 
 const std::string log_table = "bench_log";
+// The gate every loop here stands for (the hand loop writes that gate's rows too).
+const std::string gate_name = "ect.claim_slot";
 const std::string business_sql = "INSERT INTO bench_business (key, outcome) VALUES (?1, ?2)";
 
 struct Settings {
@@ -92,6 +94,10 @@ class Statement {
 
 void bind_blob(sqlite3_stmt* s, int index, std::string_view bytes) {
   sqlite3_bind_blob64(s, index, bytes.data(), bytes.size(), SQLITE_STATIC);
+}
+
+void bind_text(sqlite3_stmt* s, int index, std::string_view text) {
+  sqlite3_bind_text64(s, index, text.data(), text.size(), SQLITE_STATIC, SQLITE_UTF8);
 }
 
 // The business INSERT prepared once per connection: the same function for every loop.
@@ -184,7 +190,7 @@ template <class Write>
 void gated_event(benchmark::State& state) {
   guarded(state, [&] {
     Shared& s = shared();
-    SqliteGate<Write> gate(s.store, s.downstream, Write{});
+    SqliteGate<Write> gate(gate_name, s.store, s.downstream, Write{});
     timed_events(state, "bench.sqlite.gate", [&](const idemgate::Key& key) {
       auto result = gate.process(key, idemgate::bench::request());
       benchmark::DoNotOptimize(result);
@@ -218,7 +224,7 @@ Captured capture_statements(Shared& s) {
     }
     business.write(tx.db(), key, outcome);
   };
-  SqliteGate<decltype(tracing)> gate(s.store, s.downstream, tracing);
+  SqliteGate<decltype(tracing)> gate(gate_name, s.store, s.downstream, tracing);
   idemgate::bench::KeySource keys;
   expect_processed(gate.process(keys.next("bench.sqlite.capture"), idemgate::bench::request()));
   seen.clear();
@@ -279,6 +285,7 @@ class HandLoop {
     bind_blob(r, 3, {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
     bind_blob(r, 4, request_);
     sqlite3_bind_int64(r, 5, now);
+    bind_text(r, 6, gate_name);
     reserve_->run();
     if (sqlite3_changes(db_) != 1) {
       end_->run();
@@ -295,6 +302,7 @@ class HandLoop {
     sqlite3_bind_int64(c, 2, fence);
     bind_blob(c, 3, result_);
     sqlite3_bind_int64(c, 4, committed_at);
+    bind_text(c, 5, gate_name);
     commit_->run();
     if (sqlite3_changes(db_) != 1) throw std::runtime_error("the hand loop lost a fence");
     business_.write(db_, key, idemgate::bench::outcome());
@@ -302,6 +310,7 @@ class HandLoop {
     bind_blob(k, 1, key.view());
     sqlite3_bind_int64(k, 2, fence);
     sqlite3_bind_int64(k, 3, committed_at);
+    bind_text(k, 4, gate_name);
     const bool written = check_->step() && sqlite3_column_int64(k, 0) == 1;
     check_->reset();
     if (!written) throw std::runtime_error("the hand loop's row was not as written");
@@ -324,7 +333,7 @@ class HandLoop {
 
   // Checks one event's row against what the gate would have stored.
   void verify(Shared& s, const idemgate::Key& key) {
-    const std::optional<idemgate::Record> row = s.store.find(key);
+    const std::optional<idemgate::Record> row = s.store.for_gate(gate_name).find(key);
     if (!row || row->status != idemgate::RecordStatus::committed || row->fence != 1 ||
         row->request != request_ || row->result != result_ ||
         row->fingerprint != idemgate::detail::sha256(request_))
@@ -359,7 +368,7 @@ void gate_rss(benchmark::State& state) {
     // The cache on: its bound is part of what this run proves.
     idemgate::GateOptions options;
     options.cache_capacity = 10'000;
-    SqliteGate<BusinessWrite> gate(store, downstream, BusinessWrite{}, options);
+    SqliteGate<BusinessWrite> gate(gate_name, store, downstream, BusinessWrite{}, options);
     idemgate::bench::KeySource keys;
     std::int64_t done = 0;
     double first = 0;

@@ -61,11 +61,15 @@ std::string key_lines() {
 std::string event_script() {
   const auto sql = idemgate::PostgresStore::statements(pg::log_table);
   // The holder token only has to be non-zero and this attempt's own: the transaction's number.
-  const std::string reserve = with_variables(
-      sql.reserve,
-      {{1, key_expression}, {2, ":fingerprint"}, {3, ":request"}, {4, ":lease_ms"}, {5, ":n"}});
+  const std::string gate = "'" + pg::gate_name + "'";
+  const std::string reserve = with_variables(sql.reserve, {{1, gate},
+                                                           {2, key_expression},
+                                                           {3, ":fingerprint"},
+                                                           {4, ":request"},
+                                                           {5, ":lease_ms"},
+                                                           {6, ":n"}});
   const std::string commit =
-      with_variables(sql.commit, {{1, key_expression}, {2, ":fence"}, {3, ":result"}});
+      with_variables(sql.commit, {{1, gate}, {2, key_expression}, {3, ":fence"}, {4, ":result"}});
   const std::string business =
       with_variables(pg::business_insert_sql(), {{1, key_expression}, {2, ":outcome"}});
   // The reservation's result columns are unnamed, so pgbench cannot keep its fence (\gset);
@@ -106,8 +110,9 @@ std::string fill_sql(const std::string& table, long long rows) {
       pg::bytea_text({reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
   return "DROP TABLE IF EXISTS " + table + ", " + table + "_mismatches;\n" +
          idemgate::PostgresStore::schema_sql(table) + "INSERT INTO " + table +
-         " (key, status, fence, lease_until, fingerprint, request, result, created_at,"
-         " updated_at) SELECT sha256(int8send(-g)), 'committed', 1, t + interval '2 minutes', '" +
+         " (gate, key, status, fence, lease_until, fingerprint, request, result, created_at,"
+         " updated_at) SELECT '" +
+         pg::gate_name + "', sha256(int8send(-g)), 'committed', 1, t + interval '2 minutes', '" +
          fingerprint_text + "'::bytea, '" + pg::bytea_text(request) + "'::bytea, '" +
          pg::bytea_text(pg::outcome_bytes()) + "'::bytea, t, t FROM generate_series(1, " +
          std::to_string(rows) +

@@ -20,6 +20,9 @@ namespace idemgate::bench::pg {
 /// The idempotency log the benchmarks and pgbench write.
 inline const std::string log_table = "bench_log";
 
+/// The gate every benchmark stands for: the rows of the log are that gate's.
+inline const std::string gate_name = "ect.claim_slot";
+
 /// The business table: one row per processed event, unique per key like a real booking table.
 inline const std::string business_table = "bench_business";
 

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   }
   idemgate::SqliteStore store{argv[1]};
   Hanging downstream;
-  idemgate::Gate gate{store, downstream, idemgate::test::sqlite::book};  // default options
+  idemgate::Gate gate{"ect.claim_slot", store, downstream,
+                      idemgate::test::sqlite::book};  // default options
   const idemgate::test::SlotRequest request{argv[2], "2025-06-09T07:00"};
   (void)gate.process(idemgate::derive_key("ect.claim_slot", argv[2]), request);
   return 1;  // never reached: the downstream never answers

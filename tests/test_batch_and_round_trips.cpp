@@ -117,7 +117,7 @@ TEST(RoundTrips, FirstDeliveryAddsTwoStatementsToTheBusinessWriteAndADuplicateCo
   PostgresStore store(store_uri(db.uri()), store_options({}));
   store.migrate();
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, idemgate::test::PgBookingWriter{"bookings"}};
+  Gate gate{"ect.claim_slot", store, terminal, idemgate::test::PgBookingWriter{"bookings"}};
   ASSERT_EQ(gate.process(idemgate::derive_key("rt", "warm-up"), {"C0", "w"}).status(),
             Status::processed);  // statements are prepared on first use
 
@@ -160,7 +160,7 @@ TEST(RoundTrips, BatchOfTenReservesInOneStatementAndCommitsInOneTransaction) {
   PostgresStore store(store_uri(db.uri()), store_options({}));
   store.migrate();
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, idemgate::test::PgBookingWriter{"bookings"}};
+  Gate gate{"ect.claim_slot", store, terminal, idemgate::test::PgBookingWriter{"bookings"}};
   std::vector<BatchMessage<SlotRequest>> warm{{"m", idemgate::derive_key("b", "warm"), {"C", "w"}}};
   (void)gate.process_batch(warm);
 
@@ -187,11 +187,16 @@ TEST(Batch, ABatchLongerThanItsLeaseKeepsItsLeasesOnPostgres) {
   db.exec(idemgate::test::bookings_ddl("bookings"));
   PostgresStore store(store_uri(db.uri()), store_options({}));
   store.migrate();
-  PostgresStore other(store_uri(db.uri()),
-                      store_options({}));  // a second consumer, where the redelivery lands
+  // A second consumer, where the redelivery lands: its handle on the gate's rows.
+  const PostgresStore second(store_uri(db.uri()), store_options({}));
+  auto other = second.for_gate("ect.claim_slot");
   FakeTerminal<> terminal;
   terminal.set_delay(80ms);  // 10 claims: 800 ms against a lease of 300 ms
-  Gate gate{store, terminal, idemgate::test::PgBookingWriter{"bookings"}, {.lease = 300ms}};
+  Gate gate{"ect.claim_slot",
+            store,
+            terminal,
+            idemgate::test::PgBookingWriter{"bookings"},
+            {.lease = 300ms}};
   std::vector<BatchMessage<SlotRequest>> batch;
   for (int i = 0; i < 10; ++i)
     batch.push_back({"msg-" + std::to_string(i),
@@ -217,7 +222,7 @@ TEST(Batch, ResultsPerMessageWithDuplicatesInsideTheBatchAndRetryIds) {
   FakeTerminal<> terminal;
   terminal.ignores_keys = true;
   int bookings = 0;
-  Gate gate{store, terminal,
+  Gate gate{"ect.claim_slot", store, terminal,
             [&](MemoryStore::transaction& tx, const SlotRequest&, const std::string&) {
               tx.on_commit([&] { ++bookings; });
             }};
@@ -262,7 +267,7 @@ class PostgresBatch : public idemgate::test::PgBookingsTest {};
 TEST(Batch, SameKeyWithDifferentRequestsInOneBatchIsAConflict) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Gate gate{store, terminal,
+  Gate gate{"ect.claim_slot", store, terminal,
             [](MemoryStore::transaction&, const SlotRequest&, const std::string&) {}};
   const Key key = idemgate::derive_key("b", "clash");
   std::vector<BatchMessage<SlotRequest>> batch{
@@ -278,7 +283,7 @@ TEST(Batch, SameKeyWithDifferentRequestsInOneBatchIsAConflict) {
 TEST(Batch, UnusableFirstCopyDoesNotSinkAUsableLaterOne) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Gate gate{store, terminal,
+  Gate gate{"ect.claim_slot", store, terminal,
             [](MemoryStore::transaction&, const SlotRequest&, const std::string&) {}};
   const Key key = idemgate::derive_key("b", "unusable first");
   std::vector<BatchMessage<SlotRequest>> batch{{"m1", key, {"C\n", "w"}}, {"m2", key, {"C", "w"}}};
@@ -292,7 +297,7 @@ TEST_F(PostgresBatch, BatchesFromFourThreadsWithOverlappingKeysClaimEachEventOnc
   store.migrate();
   FakeTerminal<> terminal;
   terminal.ignores_keys = true;  // a second claim for an event would be a second slot
-  Gate gate{store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot", store, terminal, booking_writer()};
   std::vector<std::thread> workers;
   for (int w = 0; w < 4; ++w)
     workers.emplace_back([&, w] {
@@ -319,7 +324,7 @@ TEST_F(PostgresBatch, OneRefusedBusinessWriteDoesNotTakeTheOthersDown) {
   PostgresStore store(store_uri(uri), store_options({.table = log}));
   store.migrate();
   FakeTerminal<> terminal;
-  Gate gate{store, terminal,
+  Gate gate{"ect.claim_slot", store, terminal,
             [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
               if (r.container == "REFUSED") throw std::runtime_error("TMS refused");
               booking_writer()(tx, key, r, slot);
@@ -336,7 +341,8 @@ TEST_F(PostgresBatch, OneRefusedBusinessWriteDoesNotTakeTheOthersDown) {
         << i;
   EXPECT_EQ(result.retry_ids(), std::vector<std::string>{"m2"});
   EXPECT_EQ(booking_count(), 4);
-  EXPECT_EQ(store.find(idemgate::derive_key("refuse", "2"))->status, RecordStatus::in_flight);
+  EXPECT_EQ(gate.store().find(idemgate::derive_key("refuse", "2"))->status,
+            RecordStatus::in_flight);
 }
 
 TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
@@ -370,10 +376,11 @@ TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
 
   // Through the gate: a worker stalls on one event of its batch past the lease, a redelivery
   // takes that event over; the batch commits the other two and loses that one.
-  PostgresStore other(store_uri(uri),
-                      store_options({.table = log}));  // the consumer where the redelivery lands
+  // The consumer where the redelivery lands: its handle on the gate's rows.
+  const PostgresStore second(store_uri(uri), store_options({.table = log}));
+  auto other = second.for_gate("ect.claim_slot");
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot", store, terminal, booking_writer()};
   std::vector<BatchMessage<SlotRequest>> batch;
   for (int i = 0; i < 3; ++i)
     batch.push_back({"m" + std::to_string(i),
@@ -392,7 +399,7 @@ TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
   EXPECT_EQ(result.items()[1].result.status(), Status::lost_lease);
   EXPECT_EQ(result.items()[2].result.status(), Status::processed);
   EXPECT_EQ(booking_count(), 2);
-  EXPECT_EQ(store.find(batch[1].key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(gate.store().find(batch[1].key)->status, RecordStatus::in_flight);
 }
 
 TEST_F(PostgresBatch, EveryBatchReservationThatMeetsAKeyIsCountedOnItsRow) {
@@ -435,7 +442,7 @@ TEST_F(PostgresBatch, RelaxedReservationsKeepExclusionAndCommitsDurable) {
   }
   FakeTerminal<> terminal;
   terminal.set_delay(20ms);
-  Gate gate{store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot", store, terminal, booking_writer()};
   std::vector<std::thread> racers;
   for (int t = 0; t < 8; ++t)
     racers.emplace_back([&] {
@@ -511,7 +518,7 @@ TEST_F(PostgresBatch, RelaxedReservationLostInACrashIsNeverAcked) {
                             "'::bytea");
     return std::nullopt;
   };
-  Gate gate{store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot", store, terminal, booking_writer()};
   const Key key = idemgate::derive_key("relaxed", "lost");
   EXPECT_THROW((void)gate.process(key, {"C", "w"}), idemgate::StoreError)
       << "do not ack: nobody else holds this event";
@@ -530,7 +537,7 @@ TEST_F(PostgresBatch, RelaxedReservationsAreRefusedWhenTheDownstreamIgnoresKeys)
   PostgresStore store(store_uri(uri), store_options({.table = log, .relaxed_reservations = true}));
   FakeTerminal<false> blind;
   auto make = [&] {
-    Gate gate{store, blind, booking_writer()};
+    Gate gate{"ect.claim_slot", store, blind, booking_writer()};
     (void)gate;
   };
   EXPECT_THROW(make(), std::invalid_argument);
@@ -539,32 +546,33 @@ TEST_F(PostgresBatch, RelaxedReservationsAreRefusedWhenTheDownstreamIgnoresKeys)
 TEST(Cache, HotDuplicatesAreAnsweredWithoutTheStoreAndInFlightKeysAreNeverCached) {
   MemoryStore store;
   FakeTerminal<> terminal;
-  Gate gate{store,
+  Gate gate{"ect.claim_slot",
+            store,
             terminal,
             [](MemoryStore::transaction&, const SlotRequest&, const std::string&) {},
             {.cache_capacity = 2}};
   const Key a = idemgate::derive_key("cache", "a");
   ASSERT_EQ(gate.process(a, {"A", "w"}).status(), Status::processed);
-  const auto before = store.find(a)->duplicates;
+  const auto before = gate.store().find(a)->duplicates;
   for (int i = 0; i < 5; ++i) {
     const auto again = gate.process(a, {"A", "w"});
     EXPECT_EQ(again.status(), Status::duplicate);
     EXPECT_EQ(again.outcome(), "slot-1");
   }
-  EXPECT_EQ(store.find(a)->duplicates, before) << "answered from the cache";
+  EXPECT_EQ(gate.store().find(a)->duplicates, before) << "answered from the cache";
   EXPECT_EQ(gate.process(a, {"A", "other"}).status(), Status::conflict);
 
   // An in-flight key is asked of the store every time.
   const Key b = idemgate::derive_key("cache", "b");
   const std::string bytes = gate.encode_request({"B", "w"});
-  (void)store.reserve(b, idemgate::detail::sha256(bytes), bytes, 1min);
+  (void)gate.store().reserve(b, idemgate::detail::sha256(bytes), bytes, 1min);
   EXPECT_EQ(gate.process(b, {"B", "w"}).status(), Status::in_flight);
   EXPECT_EQ(gate.process(b, {"B", "w"}).status(), Status::in_flight);
-  EXPECT_EQ(store.find(b)->duplicates, 2);
+  EXPECT_EQ(gate.store().find(b)->duplicates, 2);
 
   // The cache is bounded: the least recently used key falls out and is asked of the store.
   (void)gate.process(idemgate::derive_key("cache", "c"), {"C", "w"});
   (void)gate.process(idemgate::derive_key("cache", "d"), {"D", "w"});
   (void)gate.process(a, {"A", "w"});
-  EXPECT_EQ(store.find(a)->duplicates, before + 1);
+  EXPECT_EQ(gate.store().find(a)->duplicates, before + 1);
 }

@@ -181,7 +181,7 @@ TEST(Coalescing, OptionsOutOfRangeAreRefusedWithTheirRange) {
     options.coalesce.enabled = true;
     change(options.coalesce);
     try {
-      idemgate::Gate gate(store, terminal, bookings.writer(), options);
+      idemgate::Gate gate("ect.claim_slot", store, terminal, bookings.writer(), options);
       ADD_FAILURE() << "an option out of range was accepted";
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("GateOptions::coalesce."), std::string::npos)
@@ -199,7 +199,7 @@ TEST(Coalescing, OptionsAtTheirExtremesAreHonoured) {
   single.coalesce.enabled = true;
   single.coalesce.max_events = 1;
   single.coalesce.concurrent_groups = 64;
-  idemgate::Gate gate(store, terminal, bookings.writer(), single);
+  idemgate::Gate gate("ect.claim_slot", store, terminal, bookings.writer(), single);
   std::vector<std::thread> threads;
   for (int i = 0; i < 6; ++i)
     threads.emplace_back([&, i] {
@@ -217,7 +217,7 @@ TEST(Coalescing, OptionsAtTheirExtremesAreHonoured) {
   widest.coalesce.enabled = true;
   widest.coalesce.max_events = 64;
   widest.coalesce.window = 1s;
-  EXPECT_NO_THROW(idemgate::Gate(store, terminal, bookings.writer(), widest));
+  EXPECT_NO_THROW(idemgate::Gate("ect.claim_slot", store, terminal, bookings.writer(), widest));
 }
 
 // --- The gate over each store -------------------------------------------------------------------
@@ -266,7 +266,7 @@ TEST(CoalescingMemory, EveryEventOfAGroupIsProcessedOnce) {
   idemgate::MemoryStore store;
   FakeTerminal<> terminal;
   idemgate::test::MemoryBookings bookings;
-  idemgate::Gate gate(store, terminal, bookings.writer(), grouped());
+  idemgate::Gate gate("ect.claim_slot", store, terminal, bookings.writer(), grouped());
   const auto results = process_together(gate, "memory");
   for (const auto& r : results) {
     ASSERT_TRUE(r);
@@ -287,7 +287,7 @@ TEST(CoalescingMemory, WithCoalescingOffNoGroupIsFormed) {
   idemgate::MemoryStore store;
   FakeTerminal<> terminal;
   idemgate::test::MemoryBookings bookings;
-  idemgate::Gate gate(store, terminal, bookings.writer());
+  idemgate::Gate gate("ect.claim_slot", store, terminal, bookings.writer());
   (void)process_together(gate, "off");
   const auto stats = gate.coalescing();
   EXPECT_EQ(stats.reservation_groups + stats.commit_groups, 0u);
@@ -339,7 +339,7 @@ class CoalescingSqlite : public ::testing::Test {
 };
 
 TEST_F(CoalescingSqlite, EveryEventOfAGroupIsBookedOnceInOneTransaction) {
-  idemgate::Gate gate(*store_, terminal_, writer(), grouped());
+  idemgate::Gate gate("ect.claim_slot", *store_, terminal_, writer(), grouped());
   const auto results = process_together(gate, "sqlite");
   for (const auto& r : results) {
     ASSERT_TRUE(r);
@@ -358,7 +358,7 @@ TEST_F(CoalescingSqlite, EveryEventOfAGroupIsBookedOnceInOneTransaction) {
 
 TEST_F(CoalescingSqlite, AThrowingBusinessWriteCostsOnlyItsOwnEvent) {
   refused = key_of(3, "sqlite-throw");
-  idemgate::Gate gate(*store_, terminal_, writer(), grouped());
+  idemgate::Gate gate("ect.claim_slot", *store_, terminal_, writer(), grouped());
   std::vector<std::string> errors;
   const auto results = process_together(gate, "sqlite-throw", &errors);
   EXPECT_EQ(gate.coalescing().commit_groups, 1u);
@@ -375,7 +375,7 @@ TEST_F(CoalescingSqlite, AThrowingBusinessWriteCostsOnlyItsOwnEvent) {
   EXPECT_EQ(half_states(), 0);
   // Its lease was given back: the redelivery takes it over at once and books it.
   refused.reset();
-  idemgate::Gate plain(*store_, terminal_, writer());
+  idemgate::Gate plain("ect.claim_slot", *store_, terminal_, writer());
   EXPECT_EQ(plain.process(key_of(3, "sqlite-throw"), request_of(3)).status(), Status::processed);
   EXPECT_EQ(bookings(), group_size);
   EXPECT_EQ(half_states(), 0);
@@ -383,7 +383,7 @@ TEST_F(CoalescingSqlite, AThrowingBusinessWriteCostsOnlyItsOwnEvent) {
 
 TEST_F(CoalescingSqlite, ABusinessWriteThatEndsTheTransactionCostsOnlyItsOwnEvent) {
   breaker = key_of(5, "sqlite-break");
-  idemgate::Gate gate(*store_, terminal_, writer(), grouped());
+  idemgate::Gate gate("ect.claim_slot", *store_, terminal_, writer(), grouped());
   std::vector<std::string> errors;
   const auto results = process_together(gate, "sqlite-break", &errors);
   for (int i = 0; i < group_size; ++i) {
@@ -485,7 +485,7 @@ class CoalescingPostgres : public idemgate::test::PgBookingsTest {
 TEST_F(CoalescingPostgres, EveryEventOfAGroupIsBookedOnceInOneTransaction) {
   idemgate::PostgresStore store(idemgate::test::store_uri(uri), options());
   store.migrate();
-  idemgate::Gate gate(store, terminal_, writer(), grouped());
+  idemgate::Gate gate("ect.claim_slot", store, terminal_, writer(), grouped());
   const auto results = process_together(gate, "pg");
   for (const auto& r : results) {
     ASSERT_TRUE(r);
@@ -507,7 +507,7 @@ TEST_F(CoalescingPostgres, AThrowingBusinessWriteCostsOnlyItsOwnEvent) {
   refused = key_of(3, "pg-throw");
   idemgate::PostgresStore store(idemgate::test::store_uri(uri), options());
   store.migrate();
-  idemgate::Gate gate(store, terminal_, writer(), grouped());
+  idemgate::Gate gate("ect.claim_slot", store, terminal_, writer(), grouped());
   std::vector<std::string> errors;
   const auto results = process_together(gate, "pg-throw", &errors);
   EXPECT_EQ(gate.coalescing().commit_groups, 1u);
@@ -523,7 +523,7 @@ TEST_F(CoalescingPostgres, AThrowingBusinessWriteCostsOnlyItsOwnEvent) {
   EXPECT_EQ(booking_count(), group_size - 1);
   expect_no_half_state();
   refused.reset();
-  idemgate::Gate plain(store, terminal_, writer());
+  idemgate::Gate plain("ect.claim_slot", store, terminal_, writer());
   EXPECT_EQ(plain.process(key_of(3, "pg-throw"), request_of(3)).status(), Status::processed);
   EXPECT_EQ(booking_count(), group_size);
   expect_no_half_state();
@@ -533,7 +533,7 @@ TEST_F(CoalescingPostgres, ABusinessWriteThatSwallowsAnSqlErrorCostsOnlyItsOwnEv
   breaker = key_of(5, "pg-break");
   idemgate::PostgresStore store(idemgate::test::store_uri(uri), options());
   store.migrate();
-  idemgate::Gate gate(store, terminal_, writer(), grouped());
+  idemgate::Gate gate("ect.claim_slot", store, terminal_, writer(), grouped());
   std::vector<std::string> errors;
   const auto results = process_together(gate, "pg-break", &errors);
   for (int i = 0; i < group_size; ++i) {
@@ -589,7 +589,7 @@ TEST_F(CoalescingPostgres, ALoneDeliveryAtWindowZeroRunsAtOnceAlone) {
   store.migrate();
   GateOptions options;
   options.coalesce.enabled = true;
-  idemgate::Gate gate(store, terminal_, writer(), options);
+  idemgate::Gate gate("ect.claim_slot", store, terminal_, writer(), options);
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(gate.process(key_of(i, "pg-lone"), request_of(i)).status(), Status::processed);
   const auto stats = gate.coalescing();

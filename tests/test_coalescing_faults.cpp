@@ -261,7 +261,7 @@ TEST(SqliteGroupCommit, TheEventWhoseBusinessWriteBrokeTheGroupIsRedeliveredAndB
   std::atomic<bool> breaking{true};
   const Key victim = idemgate::derive_key("group-gate", "2");
   idemgate::Gate gate(
-      f.store, terminal,
+      "ect.claim_slot", f.store, terminal,
       [&](SqliteTransaction& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
         book(tx, key, r, slot);
         if (key == victim && breaking.load()) raw_exec(tx, "COMMIT");
@@ -293,7 +293,7 @@ TEST(SqliteGroupCommit, TheEventWhoseBusinessWriteBrokeTheGroupIsRedeliveredAndB
           << errors[static_cast<std::size_t>(i - 1)];
       EXPECT_EQ(committed_status(f.db, key), "in_flight");
       EXPECT_EQ(bookings_of(f.db, key), 0);
-      const auto row = f.store.find(key);
+      const auto row = gate.store().find(key);
       ASSERT_TRUE(row.has_value());
       EXPECT_LE(row->lease_until, std::chrono::system_clock::now())
           << "the lease was not given back: the redelivery would answer in flight";

@@ -41,21 +41,21 @@ TEST(Gate, FirstDeliveryClaimsOnceAndBooksOnce) {
   MemoryStore store;
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   auto result = gate.process(key, msku);
   EXPECT_EQ(result.status(), Status::processed);
   EXPECT_EQ(result.outcome(), "slot-1");
   EXPECT_TRUE(result.should_ack());
   EXPECT_EQ(terminal.calls(), 1);
   EXPECT_EQ(bookings.size(), 1u);
-  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
+  EXPECT_EQ(gate.store().find(key)->status, RecordStatus::committed);
 }
 
 TEST(Gate, RedeliveryIsDuplicateWithStoredOutcomeAndNoSideEffect) {
   MemoryStore store;
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   (void)gate.process(key, msku);
   for (int i = 0; i < 5; ++i) {
     auto again = gate.process(key, msku);
@@ -71,17 +71,17 @@ TEST(Gate, SameKeyWithDifferentRequestIsConflictAndWritesNothing) {
   MemoryStore store;
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   (void)gate.process(key, msku);
-  const auto before = *store.find(key);
+  const auto before = *gate.store().find(key);
   auto clash = gate.process(key, SlotRequest{"MSKU7000037", "2025-06-09T09:00"});
   EXPECT_EQ(clash.status(), Status::conflict);
   EXPECT_FALSE(clash.has_outcome());
   EXPECT_NE(clash.reason().find("different request"), std::string::npos);
   EXPECT_EQ(terminal.calls(), 1);
   EXPECT_EQ(bookings.size(), 1u);
-  EXPECT_EQ(store.find(key)->fence, before.fence);
-  EXPECT_EQ(store.find(key)->result, before.result);
+  EXPECT_EQ(gate.store().find(key)->fence, before.fence);
+  EXPECT_EQ(gate.store().find(key)->result, before.result);
 }
 
 TEST(Gate, TransientFailureReleasesTheKeyAndTheNextDeliverySucceeds) {
@@ -95,12 +95,12 @@ TEST(Gate, TransientFailureReleasesTheKeyAndTheNextDeliverySucceeds) {
     return std::nullopt;
   };
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   auto first = gate.process(key, msku);
   EXPECT_EQ(first.status(), Status::retry);
   EXPECT_FALSE(first.should_ack());
   EXPECT_EQ(first.reason(), "503 Service Unavailable");
-  const auto released = store.find(key);
+  const auto released = gate.store().find(key);
   ASSERT_TRUE(released.has_value());
   EXPECT_EQ(released->status, RecordStatus::in_flight);
   EXPECT_LT(released->lease_until, std::chrono::system_clock::now())
@@ -108,7 +108,7 @@ TEST(Gate, TransientFailureReleasesTheKeyAndTheNextDeliverySucceeds) {
   auto second = gate.process(key, msku);
   EXPECT_EQ(second.status(), Status::processed);
   EXPECT_TRUE(second.took_over());
-  EXPECT_EQ(store.find(key)->fence, 2) << "the next holder has a higher fence";
+  EXPECT_EQ(gate.store().find(key)->fence, 2) << "the next holder has a higher fence";
   EXPECT_EQ(terminal.calls(), 2) << "the refused claim and the redelivery's";
   EXPECT_EQ(terminal.slots_issued(), 1) << "only the redelivery's claim got through";
   EXPECT_EQ(second.outcome(), "slot-1");
@@ -123,11 +123,11 @@ TEST(Gate, DownstreamExceptionIsTransient) {
     throw std::runtime_error("connection reset");
   };
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   auto result = gate.process(key, msku);
   EXPECT_EQ(result.status(), Status::retry);
   EXPECT_NE(result.reason().find("connection reset"), std::string::npos);
-  EXPECT_LT(store.find(key)->lease_until, std::chrono::system_clock::now());
+  EXPECT_LT(gate.store().find(key)->lease_until, std::chrono::system_clock::now());
 }
 
 TEST(Gate, PermanentFailureIsStoredAndEveryDuplicateGetsIt) {
@@ -138,7 +138,7 @@ TEST(Gate, PermanentFailureIsStoredAndEveryDuplicateGetsIt) {
     return idemgate::PermanentFailure{"422 unknown container"};
   };
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   auto first = gate.process(key, msku);
   EXPECT_EQ(first.status(), Status::failed);
   EXPECT_TRUE(first.should_ack());
@@ -149,7 +149,7 @@ TEST(Gate, PermanentFailureIsStoredAndEveryDuplicateGetsIt) {
   }
   EXPECT_EQ(terminal.calls(), 1);
   EXPECT_EQ(bookings.size(), 0u);
-  EXPECT_EQ(store.find(key)->status, RecordStatus::failed);
+  EXPECT_EQ(gate.store().find(key)->status, RecordStatus::failed);
 }
 
 TEST(Gate, BusinessWriteThatThrowsCommitsNothingAndHandsTheEventToTheRedelivery) {
@@ -157,13 +157,13 @@ TEST(Gate, BusinessWriteThatThrowsCommitsNothingAndHandsTheEventToTheRedelivery)
   FakeTerminal<> terminal;
   MemoryBookings bookings;
   int refusals = 1;
-  Gate gate{store, terminal,
+  Gate gate{"ect.claim_slot", store, terminal,
             [&](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
               if (refusals-- > 0) throw std::runtime_error("TMS rejected the booking");
               bookings.writer()(tx, r, slot);
             }};
   EXPECT_THROW((void)gate.process(key, msku), std::runtime_error);
-  const auto row = store.find(key);
+  const auto row = gate.store().find(key);
   ASSERT_TRUE(row.has_value());
   EXPECT_EQ(row->status, RecordStatus::in_flight);
   EXPECT_FALSE(row->result.has_value());
@@ -177,7 +177,7 @@ TEST(Gate, BusinessWriteThatThrowsCommitsNothingAndHandsTheEventToTheRedelivery)
   // repeated key keeps that from becoming a second slot.
   EXPECT_EQ(terminal.keys_claimed(), (std::vector<Key>{key, key}));
   EXPECT_EQ(again.outcome(), "slot-1") << "the terminal returned the first claim's slot";
-  EXPECT_EQ(store.find(key)->result, "slot-1");
+  EXPECT_EQ(gate.store().find(key)->result, "slot-1");
   EXPECT_EQ(bookings.size(), 1u);
 }
 
@@ -192,7 +192,7 @@ TEST(Gate, LiveLeaseGivesInFlightAndExpiredLeaseIsTakenOver) {
     if (crashes-- > 0) throw idemgate::test::SimulatedCrash{};  // died before the commit
     return std::nullopt;
   };
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 30s}};
   EXPECT_THROW((void)gate.process(key, msku), idemgate::test::SimulatedCrash);
   EXPECT_EQ(gate.process(key, msku).status(), Status::in_flight);
   clock.advance(31s);
@@ -203,7 +203,7 @@ TEST(Gate, LiveLeaseGivesInFlightAndExpiredLeaseIsTakenOver) {
   EXPECT_EQ(terminal.keys_claimed(), (std::vector<Key>{key, key}))
       << "the takeover claims again, under the same key";
   EXPECT_EQ(bookings.size(), 1u);
-  EXPECT_EQ(store.find(key)->fence, 2);
+  EXPECT_EQ(gate.store().find(key)->fence, 2);
 }
 
 TEST(Gate, WorkerThatLostItsLeaseCannotCommit) {
@@ -211,7 +211,7 @@ TEST(Gate, WorkerThatLostItsLeaseCannotCommit) {
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30s}};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 30s}};
   bool paused = false;
   terminal.before =
       [&](const SlotRequest& r,
@@ -229,14 +229,14 @@ TEST(Gate, WorkerThatLostItsLeaseCannotCommit) {
   EXPECT_EQ(stale.status(), Status::lost_lease);
   EXPECT_TRUE(stale.should_ack());
   EXPECT_EQ(bookings.size(), 1u) << "no second business row, ever";
-  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
+  EXPECT_EQ(gate.store().find(key)->status, RecordStatus::committed);
 }
 
 TEST(Gate, DownstreamThatIgnoresKeysIsEscalatedNotCalled) {
   MemoryStore store;
   FakeTerminal<false> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal,
+  Gate gate{"ect.claim_slot", store, terminal,
             [&](MemoryStore::transaction& tx, const SlotRequest& r, const std::string& slot) {
               bookings.writer()(tx, r, slot);
             }};
@@ -245,7 +245,7 @@ TEST(Gate, DownstreamThatIgnoresKeysIsEscalatedNotCalled) {
   EXPECT_TRUE(result.should_ack());
   EXPECT_NE(result.reason().find("Idempotency-Key"), std::string::npos);
   EXPECT_EQ(terminal.calls(), 0);
-  EXPECT_EQ(store.find(key)->status, RecordStatus::escalated);
+  EXPECT_EQ(gate.store().find(key)->status, RecordStatus::escalated);
   EXPECT_EQ(gate.process(key, msku).status(), Status::escalated);
   EXPECT_EQ(terminal.calls(), 0);
 }
@@ -254,14 +254,14 @@ TEST(Gate, OversizedRequestIsRefusedBeforeAnythingIsWritten) {
   MemoryStore store;
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.max_request_bytes = 64}};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.max_request_bytes = 64}};
   try {
     (void)gate.process(key, SlotRequest{std::string(100, 'X'), "w"});
     FAIL() << "an oversized request must be refused";
   } catch (const idemgate::RequestError& e) {
     EXPECT_NE(std::string(e.what()).find("max_request_bytes"), std::string::npos) << e.what();
   }
-  EXPECT_FALSE(store.find(key).has_value());
+  EXPECT_FALSE(gate.store().find(key).has_value());
   EXPECT_EQ(terminal.calls(), 0);
 }
 
@@ -269,14 +269,14 @@ TEST(Gate, RequestThatFailsToEncodeIsRefusedBeforeAnythingIsWritten) {
   MemoryStore store;
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   try {
     (void)gate.process(key, SlotRequest{"MSKU\n1", "w"});
     FAIL() << "an unencodable request must be refused";
   } catch (const idemgate::RequestError& e) {
     EXPECT_NE(std::string(e.what()).find("could not be encoded"), std::string::npos) << e.what();
   }
-  EXPECT_FALSE(store.find(key).has_value());
+  EXPECT_FALSE(gate.store().find(key).has_value());
   EXPECT_EQ(terminal.calls(), 0);
 }
 
@@ -284,9 +284,9 @@ TEST(Gate, StoresTheRequestAndItsFingerprintWithTheReservation) {
   MemoryStore store;
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   (void)gate.process(key, msku);
-  const auto row = store.find(key);
+  const auto row = gate.store().find(key);
   ASSERT_TRUE(row.has_value());
   EXPECT_EQ(gate.decode_request(row->request), msku);
   EXPECT_EQ(row->fingerprint, idemgate::detail::sha256(row->request));
@@ -297,7 +297,7 @@ TEST(Gate, UnusableLeaseIsRefusedAtConstruction) {
   FakeTerminal<> terminal;
   MemoryBookings bookings;
   auto make = [&](std::chrono::milliseconds lease) {
-    Gate gate{store, terminal, bookings.writer(), {.lease = lease}};
+    Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = lease}};
     (void)gate;
   };
   EXPECT_THROW(make(0ms), std::invalid_argument);
@@ -317,7 +317,7 @@ TEST(Gate, FailedEventsCanBeRedrivenByKeyAndByTimeRange) {
     return std::nullopt;
   };
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   std::vector<Key> keys;
   for (int i = 0; i < 4; ++i) {
     keys.push_back(idemgate::derive_key("ect.claim_slot", "CIS-" + std::to_string(i), "C"));
@@ -326,17 +326,17 @@ TEST(Gate, FailedEventsCanBeRedrivenByKeyAndByTimeRange) {
   }
   credential_expired = false;
   EXPECT_EQ(gate.process(keys[0], msku).status(), Status::failed) << "failed stays failed";
-  EXPECT_EQ(store.redrive_failed(keys[0]), 1u);
-  EXPECT_EQ(store.redrive_failed(keys[0]), 0u) << "no longer failed";
+  EXPECT_EQ(gate.store().redrive_failed(keys[0]), 1u);
+  EXPECT_EQ(gate.store().redrive_failed(keys[0]), 0u) << "no longer failed";
   auto again = gate.process(keys[0], msku);
   EXPECT_EQ(again.status(), Status::processed);
   EXPECT_TRUE(again.took_over());
-  const auto start = store.find(keys[1])->updated_at;
-  EXPECT_EQ(store.redrive_failed(start, start + 2min, 10), 2u) << "keys 1 and 2, not 3";
-  EXPECT_EQ(store.find(keys[3])->status, RecordStatus::failed);
+  const auto start = gate.store().find(keys[1])->updated_at;
+  EXPECT_EQ(gate.store().redrive_failed(start, start + 2min, 10), 2u) << "keys 1 and 2, not 3";
+  EXPECT_EQ(gate.store().find(keys[3])->status, RecordStatus::failed);
   EXPECT_EQ(gate.process(keys[1], msku).status(), Status::processed);
   EXPECT_EQ(gate.process(keys[2], msku).status(), Status::processed);
-  EXPECT_EQ(store.find(keys[1])->attempts, 3) << "reserved, re-driven, taken over";
+  EXPECT_EQ(gate.store().find(keys[1])->attempts, 3) << "reserved, re-driven, taken over";
   EXPECT_EQ(bookings.size(), 3u);
 }
 
@@ -345,7 +345,7 @@ TEST(Gate, ABatchLongerThanItsLeaseKeepsItsLeases) {
   FakeTerminal<> terminal;
   terminal.set_delay(60ms);  // 12 claims: 720 ms, three times the lease
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 240ms}};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 240ms}};
   std::vector<idemgate::BatchMessage<SlotRequest>> batch;
   for (int i = 0; i < 12; ++i) {
     const std::string container = "C" + std::to_string(i);
@@ -356,7 +356,8 @@ TEST(Gate, ABatchLongerThanItsLeaseKeepsItsLeases) {
     // The last message comes again while the batch is still calling the downstream.
     std::this_thread::sleep_for(500ms);
     const std::string bytes = gate.encode_request(batch.back().request);
-    const auto r = store.reserve(batch.back().key, idemgate::detail::sha256(bytes), bytes, 240ms);
+    const auto r =
+        gate.store().reserve(batch.back().key, idemgate::detail::sha256(bytes), bytes, 240ms);
     if (r.kind != idemgate::Reservation::Kind::existing) ++taken_over;
   });
   const auto result = gate.process_batch(batch);
@@ -371,11 +372,12 @@ TEST(Gate, EscalatedEventWhoseStoredRequestNoLongerDecodesCanBeResolvedByHand) {
   MemoryStore store;
   FakeTerminal<false> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   // Stored by an older version whose codec wrote something this one cannot read.
   const auto r =
-      store.reserve(key, idemgate::detail::sha256("v1:MSKU7000037"), "v1:MSKU7000037", 1min);
-  ASSERT_EQ(store.escalate(key, r.fence, "no key support"), idemgate::CommitStatus::committed);
+      gate.store().reserve(key, idemgate::detail::sha256("v1:MSKU7000037"), "v1:MSKU7000037", 1min);
+  ASSERT_EQ(gate.store().escalate(key, r.fence, "no key support"),
+            idemgate::CommitStatus::committed);
   try {
     (void)gate.resolve(key, "slot-by-hand");
     FAIL() << "the stored request does not decode";
@@ -391,8 +393,8 @@ TEST(Gate, EscalatedEventWhoseStoredRequestNoLongerDecodesCanBeResolvedByHand) {
                                     (void)slot;
                                   }));
   EXPECT_EQ(seen, "v1:MSKU7000037");
-  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
-  EXPECT_EQ(*store.find(key)->result, "slot-by-hand");
+  EXPECT_EQ(gate.store().find(key)->status, RecordStatus::committed);
+  EXPECT_EQ(*gate.store().find(key)->result, "slot-by-hand");
   EXPECT_FALSE(gate.resolve_stored(key, "again",
                                    [](auto&, const Key&, std::string_view, const std::string&) {}))
       << "resolved already";

@@ -75,7 +75,7 @@ TEST(GracefulStop, ACallSlowerThanTheGraceIsHandedToTheRedeliveryAtOnce) {
   // at once: the stopped consumer's lease was ended, not left to run out.
   idemgate::SqliteStore store{db};
   graceful_stop::SlowTerminal terminal{0ms};
-  idemgate::Gate gate{store, terminal, graceful_stop::book};
+  idemgate::Gate gate{"ect.claim_slot", store, terminal, graceful_stop::book};
   const auto result = gate.process(graceful_stop::key_of(1), graceful_stop::container_of(1));
   EXPECT_EQ(result.status(), idemgate::Status::processed) << result.reason();
   EXPECT_TRUE(result.took_over());

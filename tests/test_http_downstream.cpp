@@ -766,7 +766,7 @@ TEST(GatedHttpDownstream, SixteenThreadsDeliveringSameEventClaimOneSlot) {
   MemoryStore store;
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
   MemoryBookings bookings;
-  Gate gate{store, downstream, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, downstream, bookings.writer()};
 
   constexpr int workers = 16;
   std::latch go(workers);
@@ -797,7 +797,7 @@ TEST(GatedHttpDownstream, MondaysEightySevenDeliveriesFromFourThreadsClaimThirty
   MemoryStore store;
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
   MemoryBookings bookings;
-  Gate gate{store, downstream, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, downstream, bookings.writer()};
   const auto deliveries = idemgate::test::monday_deliveries();
   ASSERT_EQ(deliveries.size(), 87u);
 
@@ -832,7 +832,7 @@ TEST(GatedHttpDownstream, LostAckThenRedeliveryBooksTheOriginalSlotOnce) {
   MemoryStore store;
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
   MemoryBookings bookings;
-  Gate gate{store, downstream, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, downstream, bookings.writer()};
 
   const auto lost = gate.process(key, msku);
   EXPECT_EQ(lost.status(), Status::retry) << lost.reason();
@@ -852,7 +852,7 @@ TEST(GatedHttpDownstream, TerminalThatIgnoresKeysIsEscalatedAndNeverCalled) {
   MemoryStore store;
   HttpDownstream<SlotApi, false> downstream{terminal.base_url(), fast()};
   MemoryBookings bookings;
-  Gate gate{store, downstream, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, downstream, bookings.writer()};
   const auto result = gate.process(key, msku);
   EXPECT_EQ(result.status(), Status::escalated);
   EXPECT_TRUE(result.should_ack());

@@ -166,6 +166,9 @@ struct Tally {
   }
 };
 
+// The gate of every schedule: its workers and reconcilers are replicas of one service.
+constexpr const char* gate_name = "ect.claim_slot";
+
 /// Sizes and odds of a schedule.
 constexpr int step_budget = 6000;
 constexpr int crash_percent = 3;
@@ -189,11 +192,11 @@ class Schedule {
         rng_(seed),
         tally_(tally),
         store_(
-            env.store(), [this](const PausePoint& at) { step(at); },
+            env.store().for_gate(gate_name), [this](const PausePoint& at) { step(at); },
             Env::pauses_inside_business_write,
             [this](const Key& key, std::int64_t fence) { leased(key, fence); }),
         downstream_(terminal_, [this](const PausePoint& at) { step(at); }),
-        gate_(store_, downstream_,
+        gate_(gate_name, store_, downstream_,
               [this](typename Inner::transaction& tx, const Key& key, const SlotRequest& r,
                      const std::string& slot) { business_write(tx, key, r, slot); },
               // No heartbeat: it would renew leases on a thread of its own, outside the
@@ -700,7 +703,9 @@ class MemoryEnv {
   std::chrono::system_clock::time_point now() const { return clock_.now(); }
   void lose_reply_of_write(PausingStore<Store>& store, int n) { store.lose_reply_of_write(n); }
   /// A database crash loses this delivery's reservation or takeover: the row is back as it was.
-  void restore(const Key& key, const std::optional<Record>& row) { store_.restore(key, row); }
+  void restore(const Key& key, const std::optional<Record>& row) {
+    store_.for_gate(gate_name).restore(key, row);
+  }
   void book(Store::transaction& tx, const Key& key, const std::string& slot, std::int64_t fence) {
     tx.on_commit([this, key, slot, fence] { bookings_[key].push_back({slot, fence}); });
   }

@@ -43,7 +43,7 @@ TEST(LeaseCrash, AWorkerKilledMidCallWithDefaultOptionsHasItsEventFinishedWithin
   // Another consumer's reconciler, with the default options.
   idemgate::SqliteStore store{f.db};
   idemgate::test::FakeTerminal<> terminal;
-  idemgate::Gate gate{store, terminal, sq::book};
+  idemgate::Gate gate{"ect.claim_slot", store, terminal, sq::book};
   idemgate::Reconciler reconciler{gate};
   reconciler.start();
   while (sq::committed_status(f.db, key) != "committed" &&

@@ -120,9 +120,9 @@ TEST(LeaseHeartbeat, ASlowCallOnMemoryStoreIsTakenOverByNeitherARedeliveryNorThe
     std::this_thread::sleep_for(1500ms);
     return std::optional<idemgate::ClaimResult<std::string>>();
   };
-  Gate gate{store, terminal, bookings.writer(), {.lease = 300ms}};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 300ms}};
   FakeTerminal<> other_terminal;
-  Gate other{store, other_terminal, bookings.writer(), {.lease = 300ms}};
+  Gate other{"ect.claim_slot", store, other_terminal, bookings.writer(), {.lease = 300ms}};
   expect_never_taken_over(gate, other, terminal);
   EXPECT_EQ(other_terminal.calls(), 0);
   EXPECT_EQ(bookings.size(), 1u);
@@ -138,9 +138,9 @@ TEST(LeaseHeartbeat, ASlowCallOnSqliteIsTakenOverByNeitherARedeliveryNorTheRecon
     std::this_thread::sleep_for(1500ms);
     return std::optional<idemgate::ClaimResult<std::string>>();
   };
-  Gate gate{f.store, terminal, sq::book, {.lease = 300ms}};
+  Gate gate{"ect.claim_slot", f.store, terminal, sq::book, {.lease = 300ms}};
   FakeTerminal<> other_terminal;
-  Gate other{second, other_terminal, sq::book, {.lease = 300ms}};
+  Gate other{"ect.claim_slot", second, other_terminal, sq::book, {.lease = 300ms}};
   expect_never_taken_over(gate, other, terminal);
   EXPECT_EQ(other_terminal.calls(), 0);
   EXPECT_EQ(sq::count(f.db, "SELECT count(*) FROM bookings"), 1);
@@ -152,7 +152,8 @@ TEST(LeaseHeartbeat, WithoutTheHeartbeatASlowCallIsTakenOverOnceItsLeaseRunsOut)
   FakeTerminal<> terminal;
   MemoryBookings bookings;
   std::optional<Status> redelivered;
-  Gate other{store, terminal, bookings.writer(), {.lease = 100ms, .heartbeat = false}};
+  Gate other{
+      "ect.claim_slot", store, terminal, bookings.writer(), {.lease = 100ms, .heartbeat = false}};
   terminal.before = [&](const SlotRequest&, const Key&) {
     if (!redelivered) {
       redelivered = Status::in_flight;
@@ -161,14 +162,15 @@ TEST(LeaseHeartbeat, WithoutTheHeartbeatASlowCallIsTakenOverOnceItsLeaseRunsOut)
     }
     return std::optional<idemgate::ClaimResult<std::string>>();
   };
-  Gate gate{store, terminal, bookings.writer(), {.lease = 100ms, .heartbeat = false}};
+  Gate gate{
+      "ect.claim_slot", store, terminal, bookings.writer(), {.lease = 100ms, .heartbeat = false}};
   (void)gate.process(key, msku);
   EXPECT_EQ(redelivered, Status::processed);
   EXPECT_EQ(terminal.calls(), 2);
 }
 
 TEST(LeaseHeartbeat, ARenewalThatFindsTheFenceTakenMakesProcessAnswerRetryNotAck) {
-  MemoryStore memory;
+  MemoryStore memory = MemoryStore{}.for_gate("ect.claim_slot");  // the gate's rows
   StepCounter extends;
   PausingStore<MemoryStore> store{memory,
                                   [&](const PausePoint& at) {
@@ -199,7 +201,7 @@ TEST(LeaseHeartbeat, ARenewalThatFindsTheFenceTakenMakesProcessAnswerRetryNotAck
     renewals_seen = extends.wait_for(now + 4);
     return std::optional<idemgate::ClaimResult<std::string>>();
   };
-  Gate gate{store, terminal, bookings.writer(), {.lease = 300ms}};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 300ms}};
   auto other = std::async(std::launch::async, [&] {
     return gate.process(neighbour, SlotRequest{"MSKU7000038", "2025-06-09T07:00"});
   });
@@ -230,7 +232,7 @@ TEST(LeaseHeartbeat, RenewalsThatCannotReachTheStoreForALeaseMakeProcessAnswerRe
                                   false};
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate other{memory, terminal, bookings.writer(), {.lease = 300ms}};
+  Gate other{"ect.claim_slot", memory, terminal, bookings.writer(), {.lease = 300ms}};
   std::optional<Status> redelivered;
   terminal.before = [&](const SlotRequest&, const Key&) {
     if (redelivered) return std::optional<idemgate::ClaimResult<std::string>>();
@@ -242,7 +244,7 @@ TEST(LeaseHeartbeat, RenewalsThatCannotReachTheStoreForALeaseMakeProcessAnswerRe
     redelivered = other.process(key, msku).status();
     return std::optional<idemgate::ClaimResult<std::string>>();
   };
-  Gate gate{store, terminal, bookings.writer(), {.lease = 300ms}};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 300ms}};
   const auto result = gate.process(key, msku);
   EXPECT_EQ(redelivered, Status::processed);
   EXPECT_EQ(result.status(), Status::retry) << result.reason();
@@ -259,18 +261,18 @@ TEST(LeaseHeartbeat, ATransientFailureEndsTheLeaseForGoodWhileTheHeartbeatRuns) 
     std::this_thread::sleep_for(150ms);
     return std::optional<idemgate::ClaimResult<std::string>>(idemgate::TransientFailure{"503"});
   };
-  Gate gate{store, terminal, bookings.writer(), {.lease = 30ms}};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 30ms}};
   EXPECT_EQ(gate.process(key, msku).status(), Status::retry);
   // The heartbeat has had many chances to renew since: the lease stays ended.
   std::this_thread::sleep_for(100ms);
-  EXPECT_LT(store.find(key)->lease_until, std::chrono::system_clock::now() - 1h);
+  EXPECT_LT(gate.store().find(key)->lease_until, std::chrono::system_clock::now() - 1h);
 }
 
 TEST(GateStop, AfterStopProcessReservesNothingAndAnswersRetry) {
   MemoryStore store;
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   const auto report = gate.stop(1s);
   EXPECT_TRUE(report.clean());
   EXPECT_TRUE(gate.stopping());
@@ -278,7 +280,7 @@ TEST(GateStop, AfterStopProcessReservesNothingAndAnswersRetry) {
   EXPECT_EQ(result.status(), Status::retry);
   EXPECT_FALSE(result.should_ack());
   EXPECT_NE(result.reason().find("stopping"), std::string::npos);
-  EXPECT_FALSE(store.find(key).has_value());
+  EXPECT_FALSE(gate.store().find(key).has_value());
   EXPECT_EQ(terminal.calls(), 0);
 }
 
@@ -292,7 +294,7 @@ TEST(GateStop, ACallInProgressFinishesWithinTheGraceAndIsAcked) {
     std::this_thread::sleep_for(200ms);
     return std::optional<idemgate::ClaimResult<std::string>>();
   };
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   auto call = std::async(std::launch::async, [&] { return gate.process(key, msku); });
   calling.get_future().wait();
   const auto report = gate.stop(10s);
@@ -300,7 +302,7 @@ TEST(GateStop, ACallInProgressFinishesWithinTheGraceAndIsAcked) {
   EXPECT_TRUE(report.clean());
   EXPECT_EQ(report.given_back, 0u);
   EXPECT_EQ(call.get().status(), Status::processed);
-  EXPECT_EQ(store.find(key)->status, RecordStatus::committed);
+  EXPECT_EQ(gate.store().find(key)->status, RecordStatus::committed);
 }
 
 TEST(GateStop, ACallSlowerThanTheGraceHasItsLeaseGivenBackForAnImmediateRedelivery) {
@@ -315,7 +317,7 @@ TEST(GateStop, ACallSlowerThanTheGraceHasItsLeaseGivenBackForAnImmediateRedelive
     released.wait();
     return std::optional<idemgate::ClaimResult<std::string>>(idemgate::TransientFailure{"cut off"});
   };
-  Gate gate{store, terminal, bookings.writer()};  // the default lease: 10 seconds
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};  // the default lease: 10 seconds
   auto call = std::async(std::launch::async, [&] { return gate.process(key, msku); });
   calling.get_future().wait();
   const auto report = gate.stop(50ms);
@@ -323,7 +325,7 @@ TEST(GateStop, ACallSlowerThanTheGraceHasItsLeaseGivenBackForAnImmediateRedelive
   EXPECT_EQ(report.given_back, 1u);
   // Another consumer's redelivery takes the event over at once, long before the lease's end.
   FakeTerminal<> other_terminal;
-  Gate other{store, other_terminal, bookings.writer()};
+  Gate other{"ect.claim_slot", store, other_terminal, bookings.writer()};
   const auto redelivered = other.process(key, msku);
   EXPECT_EQ(redelivered.status(), Status::processed);
   EXPECT_TRUE(redelivered.took_over());
@@ -336,7 +338,7 @@ TEST(GateStop, StopGracefullyStopsTheReconcilerAndTheGate) {
   MemoryStore store;
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
   Reconciler reconciler{gate, {.interval = 10ms}};
   reconciler.start();
   const auto report = idemgate::stop_gracefully(1s, gate, reconciler);
@@ -361,13 +363,13 @@ TEST(GateStop, AStoppingReconcilerFinishesTheRowInHandAndGivesTheOthersBack) {
   MemoryStore store;
   FakeTerminal<> terminal;
   MemoryBookings bookings;
-  Gate gate{store, terminal, bookings.writer(), {.lease = 1ms}};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 1ms}};
   std::vector<Key> keys;
   for (int i = 0; i < 3; ++i) {
     const SlotRequest r{"MSKU700000" + std::to_string(i), "w"};
     keys.push_back(idemgate::derive_key("stranded", r.container));
     const std::string bytes = gate.encode_request(r);
-    (void)store.reserve(keys.back(), idemgate::detail::sha256(bytes), bytes, 1ms);
+    (void)gate.store().reserve(keys.back(), idemgate::detail::sha256(bytes), bytes, 1ms);
   }
   std::this_thread::sleep_for(5ms);  // every lease has run out: three stranded rows
   std::promise<void> in_pass;
@@ -389,7 +391,7 @@ TEST(GateStop, AStoppingReconcilerFinishesTheRowInHandAndGivesTheOthersBack) {
   EXPECT_EQ(reconciler.last_report().deferred, 2u);
   int committed = 0, given_back = 0;
   for (const Key& k : keys) {
-    const auto row = store.find(k);
+    const auto row = gate.store().find(k);
     if (row->status == RecordStatus::committed) ++committed;
     if (row->status == RecordStatus::in_flight &&
         row->lease_until < std::chrono::system_clock::now() - 1h)

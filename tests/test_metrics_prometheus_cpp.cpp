@@ -156,7 +156,7 @@ TEST(RegistryObserver, CountsEachResultAndItsLatencyPerResult) {
   MemoryStore store;
   FakeTerminal<> terminal;
   script(terminal, 30ms);
-  Gate gate{store, terminal, no_booking(), {}, metrics};
+  Gate gate{"ect.claim_slot", store, terminal, no_booking(), {}, metrics};
   run_mixed_traffic(gate);
 
   const std::map<Status, double> expected{{Status::processed, 3}, {Status::duplicate, 2},
@@ -196,9 +196,9 @@ TEST(RegistryObserver, UpdateMirrorsTheStoreSignals) {
   MemoryStore store;
   FakeTerminal<> terminal;
   script(terminal, 0ms);
-  Gate gate{store, terminal, no_booking(), {}, metrics};
+  Gate gate{"ect.claim_slot", store, terminal, no_booking(), {}, metrics};
   run_mixed_traffic(gate);
-  const StoreSignals signals = store.signals(1h);
+  const StoreSignals signals = gate.store().signals(1h);
   ASSERT_GT(signals.duplicates, 0);
   metrics.update(signals);
   EXPECT_EQ(gauge(registry, "idemgate_window_events"), static_cast<double>(signals.events));
@@ -349,9 +349,9 @@ TEST(RegistryObserver, ScrapedOverLoopbackThroughAnExposer) {
   MemoryStore store;
   FakeTerminal<> terminal;
   script(terminal, 0ms);
-  Gate gate{store, terminal, no_booking(), {}, metrics};
+  Gate gate{"ect.claim_slot", store, terminal, no_booking(), {}, metrics};
   run_mixed_traffic(gate);
-  metrics.update(store.signals(1h));
+  metrics.update(gate.store().signals(1h));
 
   prometheus::Exposer exposer{"127.0.0.1:0"};
   exposer.RegisterCollectable(registry);
@@ -392,3 +392,29 @@ TEST(RegistryObserver, PromtoolAcceptsTheSerialisedRegistry) {
   std::remove(path.c_str());
 }
 #endif
+
+TEST(RegistryObserver, AGatesObserverLabelsItsSeriesAndOtherGatesRefuseIt) {
+  prometheus::Registry registry;
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  RegistryObserver claims_metrics{registry, {.gate = "ect.claim_slot"}};
+  RegistryObserver cancels_metrics{registry, {.gate = "ect.cancel_slot"}};
+  EXPECT_EQ(claims_metrics.gate(), "ect.claim_slot");
+  Gate claims{"ect.claim_slot", store, terminal, no_booking(), {}, claims_metrics};
+  Gate cancels{"ect.cancel_slot", store, terminal, no_booking(), {}, cancels_metrics};
+  const Key key = idemgate::derive_key("portbase", "CIS-1", "MSKU1");
+  EXPECT_EQ(claims.process(key, {"MSKU1", "w"}).status(), Status::processed);
+  EXPECT_EQ(cancels.process(key, {"MSKU1", "w"}).status(), Status::processed);
+  EXPECT_EQ(claims.process(key, {"MSKU1", "w"}).status(), Status::duplicate);
+  EXPECT_EQ(counter(registry, "idemgate_events_total",
+                    {{"gate", "ect.claim_slot"}, {"result", "duplicate"}}),
+            1);
+  EXPECT_EQ(counter(registry, "idemgate_events_total",
+                    {{"gate", "ect.cancel_slot"}, {"result", "duplicate"}}),
+            0);
+  EXPECT_THROW((Gate{"payments.credit", store, terminal, no_booking(), {}, claims_metrics}),
+               std::invalid_argument);
+  EXPECT_THROW((RegistryObserver{registry, {.gate = "ect.claim_slot", .labels = {{"gate", "x"}}}}),
+               std::invalid_argument);
+  EXPECT_THROW((RegistryObserver{registry, {.gate = "not a name"}}), std::invalid_argument);
+}

@@ -72,11 +72,14 @@ constexpr std::chrono::days two_centuries{73'050};
 /// A gate over a memory store on a hand-moved clock, and what it calls.
 struct World {
   ManualClock clock;
-  MemoryStore store{clock.fn()};
+  /// The log, seen as the world's gates see it (their rows only).
+  MemoryStore store = MemoryStore{clock.fn()}.for_gate("ect.claim_slot");
   FakeTerminal<> terminal;
   MemoryBookings bookings;
 
-  auto gate(GateOptions options = {}) { return Gate{store, terminal, bookings.writer(), options}; }
+  auto gate(GateOptions options = {}) {
+    return Gate{"ect.claim_slot", store, terminal, bookings.writer(), options};
+  }
 
   /// Leaves `k` in flight, as a worker that died after the claim would.
   template <class G>

@@ -145,12 +145,12 @@ TEST_F(PostgresOptionsTest, PurgeOlderThanMinDoesNotOverflowAndKeepsInFlightRows
 TEST_F(PostgresOptionsTest, RetentionKeepingForeverLeavesARedeliveryADuplicate) {
   auto store = make_store();
   idemgate::test::FakeTerminal<> terminal;
-  idemgate::Gate gate{*store, terminal,
+  idemgate::Gate gate{"ect.claim_slot", *store, terminal,
                       [](pqxx::work&, const idemgate::test::SlotRequest&, const std::string&) {}};
   const idemgate::test::SlotRequest request{"MSKU7000037", "2025-06-09T07:00"};
   ASSERT_EQ(gate.process(key, request).status(), Status::processed);
   age_rows(500);
-  idemgate::Retention retention{*store, {.keep = seconds::max()}};
+  idemgate::Retention retention{gate.store(), {.keep = seconds::max()}};
   EXPECT_EQ(retention.run_once(), 0u);
   EXPECT_EQ(gate.process(key, request).status(), Status::duplicate);
   EXPECT_EQ(terminal.calls(), 1) << "the downstream was called once";

@@ -48,7 +48,7 @@ class ReconcilerTest : public ::testing::Test {
   /// A gate over `downstream` (the terminal unless given) writing this test's bookings.
   template <class Downstream>
   auto gate_over(Downstream& downstream, std::chrono::milliseconds lease = 30s) {
-    return Gate{store, downstream, bookings.writer(), {.lease = lease}};
+    return Gate{"ect.claim_slot", store, downstream, bookings.writer(), {.lease = lease}};
   }
 
   /// Delivers the event once; its worker dies right after the terminal took the claim.
@@ -81,7 +81,8 @@ class ReconcilerTest : public ::testing::Test {
   }
 
   idemgate::testing::ManualClock clock;
-  MemoryStore store{clock.fn()};
+  /// The log, seen as the gates of these tests see it (their rows only).
+  MemoryStore store = MemoryStore{clock.fn()}.for_gate("ect.claim_slot");
   FakeTerminal<> terminal;
   MemoryBookings bookings;
 };
@@ -194,7 +195,8 @@ TEST_F(ReconcilerTest, LookupThatKeepsFailingIsEscalatedWithItsReasonAfterMaxAtt
 
 TEST_F(ReconcilerTest, PoisonRowIsEscalatedWithTheLastErrorInsteadOfRetakenForever) {
   int writes = 0;
-  Gate gate{store,
+  Gate gate{"ect.claim_slot",
+            store,
             terminal,
             [&](MemoryStore::transaction&, const SlotRequest&, const std::string&) {
               ++writes;
@@ -348,12 +350,12 @@ TEST(Reconciler, APassLongerThanTheLeaseKeepsTheRowsItHasNotReachedYet) {
   FakeTerminal<> terminal;
   idemgate::test::WithoutLookup<FakeTerminal<>> downstream{terminal};
   MemoryBookings bookings;
-  Gate gate{store, downstream, bookings.writer(), {.lease = 240ms}};
+  Gate gate{"ect.claim_slot", store, downstream, bookings.writer(), {.lease = 240ms}};
   std::vector<Key> keys;
   for (int i = 0; i < 10; ++i) {
     keys.push_back(idemgate::derive_key("ect.claim_slot", "CIS-pass", std::to_string(i)));
     const std::string bytes = gate.encode_request(msku);
-    (void)store.reserve(keys.back(), idemgate::detail::sha256(bytes), bytes, 1ms);
+    (void)gate.store().reserve(keys.back(), idemgate::detail::sha256(bytes), bytes, 1ms);
   }
   std::this_thread::sleep_for(5ms);
   terminal.set_delay(60ms);  // 10 claims: 600 ms, more than twice the lease
@@ -362,7 +364,7 @@ TEST(Reconciler, APassLongerThanTheLeaseKeepsTheRowsItHasNotReachedYet) {
   std::thread redelivery([&] {
     std::this_thread::sleep_for(450ms);
     const std::string bytes = gate.encode_request(msku);
-    const auto r = store.reserve(keys.back(), idemgate::detail::sha256(bytes), bytes, 240ms);
+    const auto r = gate.store().reserve(keys.back(), idemgate::detail::sha256(bytes), bytes, 240ms);
     if (r.kind != idemgate::Reservation::Kind::existing) ++taken_over;
   });
   const auto report = reconciler.run_once();

@@ -45,7 +45,7 @@ std::map<std::string, double> parse_exposition(const std::string& text) {
   static const std::regex help(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) \S.*)");
   static const std::regex type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge))");
   static const std::regex sample(
-      R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"\})? (-?[0-9.eE+-]+|NaN))");
+      R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*")*\})? (-?[0-9.eE+-]+|NaN))");
   std::map<std::string, double> samples;
   std::set<std::string> families;
   std::string family, family_type;
@@ -108,7 +108,7 @@ TEST(Counters, CountEveryResultKindThroughTheGate) {
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
   Counters counters;
-  Gate gate{store, terminal, no_booking(), {.lease = 30s}, counters};
+  Gate gate{"ect.claim_slot", store, terminal, no_booking(), {.lease = 30s}, counters};
   const SlotRequest r{"MSKU1", "w"};
   const Key key = idemgate::derive_key("s", "1");
   (void)gate.process(key, r);
@@ -132,9 +132,10 @@ TEST(Counters, CountRowsTheReconcilerFinished) {
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
   Counters counters;
-  Gate gate{store, terminal, no_booking(), {.lease = 30s}, counters};
+  Gate gate{"ect.claim_slot", store, terminal, no_booking(), {.lease = 30s}, counters};
   const std::string bytes = gate.encode_request({"MSKU1", "w"});
-  (void)store.reserve(idemgate::derive_key("s", "x"), idemgate::detail::sha256(bytes), bytes, 30s);
+  (void)gate.store().reserve(idemgate::derive_key("s", "x"), idemgate::detail::sha256(bytes), bytes,
+                             30s);
   clock.advance(31s);
   idemgate::Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 10}};
   EXPECT_EQ(reconciler.run_once().reclaimed, 1u);
@@ -146,7 +147,7 @@ TEST(Signals, TwoResultsForOneKeyAreRecordedWithBothResults) {
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
   Counters counters;
-  Gate gate{store, terminal, no_booking(), {.lease = 30s}, counters};
+  Gate gate{"ect.claim_slot", store, terminal, no_booking(), {.lease = 30s}, counters};
   const SlotRequest r{"MSKU1", "w"};
   const Key key = idemgate::derive_key("s", "mismatch");
   int calls = 0;
@@ -160,10 +161,10 @@ TEST(Signals, TwoResultsForOneKeyAreRecordedWithBothResults) {
     return std::string("slot-forgotten");
   };
   EXPECT_EQ(gate.process(key, r).status(), Status::lost_lease);
-  const StoreSignals s = store.signals(1h);
+  const StoreSignals s = gate.store().signals(1h);
   EXPECT_EQ(s.mismatched_keys, 1);
   EXPECT_EQ(s.mismatches_total, 1);
-  const auto kept = store.mismatches(10);
+  const auto kept = gate.store().mismatches(10);
   ASSERT_EQ(kept.size(), 1u);
   EXPECT_EQ(kept[0].key, key);
   EXPECT_EQ(kept[0].stored, "slot-1");
@@ -176,7 +177,7 @@ TEST(Signals, SameResultAfterLosingTheLeaseIsNoMismatch) {
   Clock clock;
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, no_booking(), {.lease = 30s}};
+  Gate gate{"ect.claim_slot", store, terminal, no_booking(), {.lease = 30s}};
   int calls = 0;
   terminal.after = [&](const Key& k,
                        const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
@@ -187,7 +188,7 @@ TEST(Signals, SameResultAfterLosingTheLeaseIsNoMismatch) {
   };
   EXPECT_EQ(gate.process(idemgate::derive_key("s", "same"), {"MSKU1", "w"}).status(),
             Status::lost_lease);
-  EXPECT_EQ(store.signals(1h).mismatched_keys, 0);
+  EXPECT_EQ(gate.store().signals(1h).mismatched_keys, 0);
 }
 
 TEST(Prometheus, ExpositionIsWellFormedAndCarriesTheSignals) {
@@ -229,18 +230,25 @@ TEST(Prometheus, StrictParserRejectsMalformedExposition) {
 // as scripts/test configures, a missing promtool fails the configuration instead).
 #ifdef IDEMGATE_PROMTOOL
 TEST(Prometheus, PromtoolAcceptsTheExposition) {
-  Counters counters;
+  Counters counters, claims{"ect.claim_slot"}, cancels{"ect.cancel_slot"};
   StoreSignals s;
   s.window = 1h;
+  const idemgate::GateMetrics gates[] = {{"ect.claim_slot", claims, s},
+                                         {"ect.cancel_slot", cancels, s}};
   const std::string path = ::testing::TempDir() + "idemgate-metrics.txt";
   std::ofstream(path) << idemgate::render_prometheus(counters, s);
-  const std::string command = std::string(IDEMGATE_PROMTOOL) + " check metrics < " + path + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  for (int c; (c = fgetc(pipe)) != EOF;) output += static_cast<char>(c);
-  EXPECT_EQ(pclose(pipe), 0) << output;
-  EXPECT_EQ(output, "") << "promtool lint findings";
+  std::ofstream(path + ".gates") << idemgate::render_prometheus(gates);
+  for (const std::string& file : {path, path + ".gates"}) {
+    const std::string command =
+        std::string(IDEMGATE_PROMTOOL) + " check metrics < " + file + " 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string output;
+    for (int c; (c = fgetc(pipe)) != EOF;) output += static_cast<char>(c);
+    EXPECT_EQ(pclose(pipe), 0) << output;
+    EXPECT_EQ(output, "") << "promtool lint findings in " << file;
+  }
+  std::remove((path + ".gates").c_str());
   std::remove(path.c_str());
 }
 #endif
@@ -249,13 +257,13 @@ TEST(Retention, TheWindowRunsFromWhenTheEventFinishedNotWhenItWasReserved) {
   Clock clock;
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
-  Gate gate{store, terminal, no_booking(), {.lease = 30s}};
+  Gate gate{"ect.claim_slot", store, terminal, no_booking(), {.lease = 30s}};
   const Key key = idemgate::derive_key("late", "1");
   const std::string bytes = gate.encode_request({"C", "w"});
-  (void)store.reserve(key, idemgate::detail::sha256(bytes), bytes, 30s);
+  (void)gate.store().reserve(key, idemgate::detail::sha256(bytes), bytes, 30s);
   clock.advance(8 * 24h);  // stuck in flight for eight days, then finished
   EXPECT_EQ(gate.process(key, {"C", "w"}).status(), Status::processed);
-  idemgate::Retention retention{store, {.keep = 7 * 24h, .interval = 1h, .batch = 10}};
+  idemgate::Retention retention{gate.store(), {.keep = 7 * 24h, .interval = 1h, .batch = 10}};
   EXPECT_EQ(retention.run_once(), 0u) << "finished a moment ago: a duplicate may still come";
   EXPECT_EQ(gate.process(key, {"C", "w"}).status(), Status::duplicate);
 }
@@ -265,20 +273,58 @@ TEST(Retention, PurgesFinishedRowsPastTheWindowAndNothingElse) {
   MemoryStore store(clock.fn());
   FakeTerminal<> terminal;
   FakeTerminal<false> blind;
-  Gate gate{store, terminal, no_booking(), {.lease = 30s}};
-  Gate parked{store, blind, no_booking(), {.lease = 30s}};
+  Gate gate{"ect.claim_slot", store, terminal, no_booking(), {.lease = 30s}};
+  Gate parked{"ect.claim_slot", store, blind, no_booking(), {.lease = 30s}};
   for (int i = 0; i < 25; ++i)
     (void)gate.process(idemgate::derive_key("old", std::to_string(i)), {"C", "w"});
   (void)parked.process(idemgate::derive_key("old", "escalated"), {"C", "w"});
   const std::string bytes = gate.encode_request({"C", "w"});
-  (void)store.reserve(idemgate::derive_key("old", "in flight"), idemgate::detail::sha256(bytes),
-                      bytes, 30s);
+  (void)gate.store().reserve(idemgate::derive_key("old", "in flight"),
+                             idemgate::detail::sha256(bytes), bytes, 30s);
   clock.advance(8 * 24h);
   (void)gate.process(idemgate::derive_key("new", "1"), {"C", "w"});
-  idemgate::Retention retention{store, {.keep = 7 * 24h, .interval = 1h, .batch = 10}};
+  idemgate::Retention retention{gate.store(), {.keep = 7 * 24h, .interval = 1h, .batch = 10}};
   EXPECT_EQ(retention.run_once(), 25u);
-  EXPECT_TRUE(store.find(idemgate::derive_key("old", "escalated")).has_value());
-  EXPECT_TRUE(store.find(idemgate::derive_key("old", "in flight")).has_value());
-  EXPECT_TRUE(store.find(idemgate::derive_key("new", "1")).has_value());
+  EXPECT_TRUE(gate.store().find(idemgate::derive_key("old", "escalated")).has_value());
+  EXPECT_TRUE(gate.store().find(idemgate::derive_key("old", "in flight")).has_value());
+  EXPECT_TRUE(gate.store().find(idemgate::derive_key("new", "1")).has_value());
   EXPECT_EQ(retention.run_once(), 0u);
+}
+
+TEST(Prometheus, SeveralGatesShareOnePageEachSampleLabelledWithItsGate) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  FakeTerminal<> terminal;
+  FakeTerminal<false> blind;
+  Counters claim_counts{"ect.claim_slot"}, cancel_counts{"ect.cancel_slot"};
+  Gate claims{"ect.claim_slot", store, terminal, no_booking(), {.lease = 30s}, claim_counts};
+  Gate cancels{"ect.cancel_slot", store, blind, no_booking(), {.lease = 30s}, cancel_counts};
+  const Key key = idemgate::derive_key("portbase", "CIS-1", "MSKU1");
+  EXPECT_EQ(claims.process(key, {"MSKU1", "w"}).status(), Status::processed);
+  EXPECT_EQ(claims.process(key, {"MSKU1", "w"}).status(), Status::duplicate);
+  EXPECT_EQ(cancels.process(key, {"MSKU1", "w"}).status(), Status::escalated);
+  const idemgate::GateMetrics gates[] = {
+      {claim_counts.gate(), claim_counts, claims.store().signals(1h)},
+      {cancel_counts.gate(), cancel_counts, cancels.store().signals(1h)}};
+  const auto samples = parse_exposition(idemgate::render_prometheus(gates));
+  EXPECT_EQ(samples.at("idemgate_events_total{gate=\"ect.claim_slot\",result=\"processed\"}"), 1);
+  EXPECT_EQ(samples.at("idemgate_events_total{gate=\"ect.claim_slot\",result=\"duplicate\"}"), 1);
+  EXPECT_EQ(samples.at("idemgate_events_total{gate=\"ect.cancel_slot\",result=\"escalated\"}"), 1);
+  EXPECT_EQ(samples.at("idemgate_events_total{gate=\"ect.cancel_slot\",result=\"processed\"}"), 0);
+  EXPECT_EQ(samples.at("idemgate_escalated_rows{gate=\"ect.cancel_slot\"}"), 1);
+  EXPECT_EQ(samples.at("idemgate_escalated_rows{gate=\"ect.claim_slot\"}"), 0)
+      << "the other gate's escalation is not counted as this gate's";
+  EXPECT_EQ(samples.at("idemgate_window_duplicates{gate=\"ect.claim_slot\"}"), 1);
+  EXPECT_EQ(samples.at("idemgate_window_events{gate=\"ect.cancel_slot\"}"), 1);
+}
+
+TEST(Prometheus, AGateRefusesCountersMadeForAnotherGate) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  Counters counts{"payments.credit"};
+  EXPECT_THROW((Gate{"ect.claim_slot", store, terminal, no_booking(), {}, counts}),
+               std::invalid_argument);
+  Counters unnamed;
+  EXPECT_NO_THROW((Gate{"ect.claim_slot", store, terminal, no_booking(), {}, unnamed}));
+  EXPECT_THROW((void)Counters{""}, std::invalid_argument) << "a name, or none at all";
 }

@@ -265,7 +265,7 @@ Counts run_gated(const Setup& setup, const std::string& terminal_url, Store& sto
   SlotsSeen seen;
   CrashingTerminal<HonoursKeys> terminal(terminal_url, seen);
   const auto lease = std::chrono::milliseconds(500);
-  idemgate::Gate gate{store, terminal, book, {.lease = lease}};
+  idemgate::Gate gate{"ect.claim_slot", store, terminal, book, {.lease = lease}};
   std::atomic<std::size_t> blocked{0};
   Queue queue(setup.deliveries.size());
   queue.drain(setup.workers, setup.max_attempts, [&](std::size_t position, int attempt) {

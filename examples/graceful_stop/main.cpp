@@ -92,9 +92,9 @@ int main(int argc, char** argv) {
   idemgate::SqliteStore store{db};
   graceful_stop::prepare(store, db);
   graceful_stop::SlowTerminal terminal{call};
-  idemgate::Gate gate{store, terminal, graceful_stop::book};  // default options
+  idemgate::Gate gate{"ect.claim_slot", store, terminal, graceful_stop::book};  // default options
   idemgate::Reconciler reconciler{gate};
-  idemgate::Retention retention{store};
+  idemgate::Retention retention{gate.store()};  // purges this gate's rows
   reconciler.start();
   retention.start();
 

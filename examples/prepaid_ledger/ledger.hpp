@@ -51,6 +51,9 @@ inline const idemgate::EventContract& contract() {
 /// The scope of the idempotency keys: one key per `webhook-id`.
 inline constexpr std::string_view key_scope = "iosor.webhook";
 
+/// The gate's name: the rows of the idempotency log it writes carry it.
+inline constexpr std::string_view gate_name = "prepaid.ledger";
+
 /// The most a single message may cost, in cents; larger amounts are refused as malformed.
 inline constexpr std::int64_t max_cost_cents = 100'000'000;
 
@@ -466,7 +469,7 @@ class PrepaidLedger {
   PrepaidLedger(store_type& store, L& backend, LedgerOptions options = {})
       : ledger_(backend),
         options_(options),
-        gate_(store, backend, RecordEvent<L>{&backend},
+        gate_(gate_name, store, backend, RecordEvent<L>{&backend},
               idemgate::GateOptions{.lease = options.lease}),
         reconciler_(gate_, idemgate::ReconcilerOptions{.interval = options.reconcile_interval,
                                                        .stale_after = options.lease}) {

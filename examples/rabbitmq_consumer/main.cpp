@@ -228,7 +228,7 @@ int run(const Arguments& args, idemgate::StopSignal& stop) {
     idemgate::exec_params(tx, "INSERT INTO tms_bookings (container, slot) VALUES ($1, $2)",
                           request.container, slot);
   };
-  idemgate::Gate gate{store, terminal, book, args.gate};
+  idemgate::Gate gate{"ect.claim_slot", store, terminal, book, args.gate};
   idemgate::Reconciler reconciler{gate, args.reconciler};
   if (args.run_reconciler) reconciler.start();
 

@@ -22,10 +22,11 @@ int main(int argc, char** argv) {
   idemgate::PostgresStore store{argc > 1 ? argv[1] : "postgresql://localhost/app"};
   store.migrate();
   Terminal terminal;
-  idemgate::Gate gate{
-      store, terminal, [](pqxx::work& tx, const std::string& container, const std::string& slot) {
-        idemgate::exec_params(tx, "INSERT INTO tms_bookings VALUES ($1, $2)", container, slot);
-      }};
+  idemgate::Gate gate{"ect.claim_slot", store, terminal,
+                      [](pqxx::work& tx, const std::string& container, const std::string& slot) {
+                        idemgate::exec_params(tx, "INSERT INTO tms_bookings VALUES ($1, $2)",
+                                              container, slot);
+                      }};
   // A Portbase notification, as the queue delivers it (perhaps for the third time):
   const auto key = idemgate::derive_key("ect.claim_slot", "CIS-2025-06-09-1001", "MSKU7000037");
   const auto result = gate.process(key, "MSKU7000037");

@@ -6,6 +6,7 @@
 #include "signals.hpp"
 
 #include <cstdio>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -33,70 +34,143 @@ inline void metric(std::string& out, std::string_view name, std::string_view typ
 
 }  // namespace detail
 
+/// One gate's part of a `/metrics` page: the counters its observer kept and its signals
+/// (`gate.store().signals(window)`). The gate's name labels every sample (`gate="…"`).
+struct GateMetrics {
+  /// The gate's name, the `gate` label ("" leaves the samples unlabelled).
+  std::string_view gate;
+  /// What the gate's observer counted.
+  const Counters& counters;
+  /// The gate's signals.
+  StoreSignals signals;
+};
+
+namespace detail {
+
+// The label set of one gate's sample, with `extra` (`result="…"`) after the gate.
+inline std::string metric_labels(std::string_view gate, std::string_view extra = {}) {
+  std::string labels;
+  if (!gate.empty()) labels.append("gate=\"").append(gate).append("\"");
+  if (!extra.empty()) labels.append(labels.empty() ? "" : ",").append(extra);
+  return labels.empty() ? labels : "{" + labels + "}";
+}
+
+// One metric family: its header once, then one sample per gate.
+template <class Value>
+void metric_family(std::string& out, std::span<const GateMetrics> gates, std::string_view name,
+                   std::string_view type, std::string_view help, Value value) {
+  metric_header(out, name, type, help);
+  for (const GateMetrics& g : gates)
+    out.append(name)
+        .append(metric_labels(g.gate))
+        .append(" ")
+        .append(metric_number(value(g)))
+        .append("\n");
+}
+
+}  // namespace detail
+
 /**
- * Renders a process's counters and its store's signals in the Prometheus text exposition
- * format (0.0.4), ready to serve on `/metrics`. `docs/alerts.yml` holds alerting rules for it.
+ * Renders the counters and signals of one or more gates in the Prometheus text exposition
+ * format (0.0.4), ready to serve on `/metrics`: each metric once, with one sample per gate,
+ * labelled `gate="<name>"`, so one dashboard shows every gate and each alert names its gate.
+ * `docs/alerts.yml` holds alerting rules for it.
  *
  * Example:
- *   idemgate::Counters counters;
- *   idemgate::Gate gate{store, terminal, book, {}, counters};
- *   std::string page = idemgate::render_prometheus(counters, store.signals(std::chrono::hours(1)));
+ *   idemgate::Counters claim_counts{"ect.claim_slot"}, cancel_counts{"ect.cancel_slot"};
+ *   idemgate::Gate claims{"ect.claim_slot", store, terminal, book, {}, claim_counts};
+ *   idemgate::Gate cancels{"ect.cancel_slot", store, terminal, book, {}, cancel_counts};
+ *   const std::chrono::hours window(1);
+ *   const idemgate::GateMetrics gates[] = {
+ *       {"ect.claim_slot", claim_counts, claims.store().signals(window)},
+ *       {"ect.cancel_slot", cancel_counts, cancels.store().signals(window)}};
+ *   std::string page = idemgate::render_prometheus(gates);
  */
-[[nodiscard]] inline std::string render_prometheus(const Counters& counters,
-                                                   const StoreSignals& signals) {
+[[nodiscard]] inline std::string render_prometheus(std::span<const GateMetrics> gates) {
+  using detail::metric_family;
   std::string out;
   detail::metric_header(out, "idemgate_events_total", "counter",
                         "Deliveries through the gate in this process, by result.");
-  for (Status status : {Status::processed, Status::duplicate, Status::in_flight, Status::conflict,
-                        Status::failed, Status::retry, Status::escalated, Status::lost_lease}) {
-    out.append("idemgate_events_total{result=\"")
-        .append(to_string(status))
-        .append("\"} ")
-        .append(std::to_string(counters.count(status)))
-        .append("\n");
+  for (const GateMetrics& g : gates)
+    for (Status status : {Status::processed, Status::duplicate, Status::in_flight, Status::conflict,
+                          Status::failed, Status::retry, Status::escalated, Status::lost_lease}) {
+      out.append("idemgate_events_total")
+          .append(
+              detail::metric_labels(g.gate, "result=\"" + std::string(to_string(status)) + "\""))
+          .append(" ")
+          .append(std::to_string(g.counters.count(status)))
+          .append("\n");
+    }
+  const auto number = [](auto n) { return static_cast<double>(n); };
+  metric_family(out, gates, "idemgate_reconciled_total", "counter",
+                "Stranded in-flight rows this process's reconciler finished.",
+                [&](const GateMetrics& g) { return number(g.counters.reconciled()); });
+  metric_family(out, gates, "idemgate_gate_seconds_total", "counter",
+                "Time spent in Gate::process in this process.",
+                [](const GateMetrics& g) { return g.counters.seconds_in_gate(); });
+  metric_family(out, gates, "idemgate_signal_window_seconds", "gauge",
+                "The window the event, duplicate and mismatch signals cover.",
+                [&](const GateMetrics& g) { return number(g.signals.window.count()); });
+  metric_family(out, gates, "idemgate_window_events", "gauge",
+                "Reservations in the window: first deliveries plus duplicates.",
+                [&](const GateMetrics& g) { return number(g.signals.events); });
+  metric_family(out, gates, "idemgate_window_duplicates", "gauge",
+                "Reservations in the window that met an existing key.",
+                [&](const GateMetrics& g) { return number(g.signals.duplicates); });
+  metric_family(out, gates, "idemgate_duplicate_ratio", "gauge",
+                "Duplicates divided by events in the window (normal 0.01 to 0.03; 0 with "
+                "traffic: broken key derivation; above 0.2: a misbehaving upstream).",
+                [](const GateMetrics& g) { return g.signals.duplicate_ratio(); });
+  metric_family(out, gates, "idemgate_in_flight_rows", "gauge", "Rows in flight now.",
+                [&](const GateMetrics& g) { return number(g.signals.in_flight); });
+  metric_family(
+      out, gates, "idemgate_oldest_in_flight_seconds", "gauge",
+      "Age of the oldest in-flight row (0 when there is none).", [&](const GateMetrics& g) {
+        return g.signals.oldest_in_flight ? number(g.signals.oldest_in_flight->count()) : 0.0;
+      });
+  metric_family(out, gates, "idemgate_escalated_rows", "gauge",
+                "Rows parked in the manual queue for a human.",
+                [&](const GateMetrics& g) { return number(g.signals.escalated); });
+  metric_family(out, gates, "idemgate_retrying_rows", "gauge",
+                "In-flight rows held by more than one attempt (growing: poison rows).",
+                [&](const GateMetrics& g) { return number(g.signals.retrying); });
+  metric_family(out, gates, "idemgate_result_mismatch_keys", "gauge",
+                "Keys for which the downstream returned more than one distinct result, in the "
+                "window (healthy: 0).",
+                [&](const GateMetrics& g) { return number(g.signals.mismatched_keys); });
+  metric_family(out, gates, "idemgate_result_mismatch_total", "counter",
+                "Downstream answers that differed from the stored result, ever recorded.",
+                [&](const GateMetrics& g) { return number(g.signals.mismatches_total); });
+  bool any_wal = false;
+  for (const GateMetrics& g : gates) any_wal = any_wal || g.signals.wal_bytes.has_value();
+  if (any_wal) {
+    detail::metric_header(out, "idemgate_wal_bytes", "gauge",
+                          "Size of the store's write-ahead log file (SQLite), in bytes.");
+    for (const GateMetrics& g : gates)
+      if (g.signals.wal_bytes)
+        out.append("idemgate_wal_bytes")
+            .append(detail::metric_labels(g.gate))
+            .append(" ")
+            .append(detail::metric_number(number(*g.signals.wal_bytes)))
+            .append("\n");
   }
-  detail::metric(out, "idemgate_reconciled_total", "counter",
-                 "Stranded in-flight rows this process's reconciler finished.",
-                 static_cast<double>(counters.reconciled()));
-  detail::metric(out, "idemgate_gate_seconds_total", "counter",
-                 "Time spent in Gate::process in this process.", counters.seconds_in_gate());
-  detail::metric(out, "idemgate_signal_window_seconds", "gauge",
-                 "The window the event, duplicate and mismatch signals cover.",
-                 static_cast<double>(signals.window.count()));
-  detail::metric(out, "idemgate_window_events", "gauge",
-                 "Reservations in the window: first deliveries plus duplicates.",
-                 static_cast<double>(signals.events));
-  detail::metric(out, "idemgate_window_duplicates", "gauge",
-                 "Reservations in the window that met an existing key.",
-                 static_cast<double>(signals.duplicates));
-  detail::metric(out, "idemgate_duplicate_ratio", "gauge",
-                 "Duplicates divided by events in the window (normal 0.01 to 0.03; 0 with "
-                 "traffic: broken key derivation; above 0.2: a misbehaving upstream).",
-                 signals.duplicate_ratio());
-  detail::metric(out, "idemgate_in_flight_rows", "gauge", "Rows in flight now.",
-                 static_cast<double>(signals.in_flight));
-  detail::metric(
-      out, "idemgate_oldest_in_flight_seconds", "gauge",
-      "Age of the oldest in-flight row (0 when there is none).",
-      signals.oldest_in_flight ? static_cast<double>(signals.oldest_in_flight->count()) : 0.0);
-  detail::metric(out, "idemgate_escalated_rows", "gauge",
-                 "Rows parked in the manual queue for a human.",
-                 static_cast<double>(signals.escalated));
-  detail::metric(out, "idemgate_retrying_rows", "gauge",
-                 "In-flight rows held by more than one attempt (growing: poison rows).",
-                 static_cast<double>(signals.retrying));
-  detail::metric(out, "idemgate_result_mismatch_keys", "gauge",
-                 "Keys for which the downstream returned more than one distinct result, in the "
-                 "window (healthy: 0).",
-                 static_cast<double>(signals.mismatched_keys));
-  detail::metric(out, "idemgate_result_mismatch_total", "counter",
-                 "Downstream answers that differed from the stored result, ever recorded.",
-                 static_cast<double>(signals.mismatches_total));
-  if (signals.wal_bytes)
-    detail::metric(out, "idemgate_wal_bytes", "gauge",
-                   "Size of the store's write-ahead log file (SQLite), in bytes.",
-                   static_cast<double>(*signals.wal_bytes));
   return out;
+}
+
+/**
+ * Renders one gate's counters and signals (see above); its samples carry the label
+ * `gate="<counters.gate()>"` when the counters were made for a named gate.
+ *
+ * Example:
+ *   idemgate::Counters counters{"ect.claim_slot"};
+ *   idemgate::Gate gate{"ect.claim_slot", store, terminal, book, {}, counters};
+ *   std::string page =
+ *       idemgate::render_prometheus(counters, gate.store().signals(std::chrono::hours(1)));
+ */
+[[nodiscard]] inline std::string render_prometheus(const Counters& counters,
+                                                   const StoreSignals& signals) {
+  const GateMetrics one[] = {{counters.gate(), counters, signals}};
+  return render_prometheus(one);
 }
 
 }  // namespace idemgate

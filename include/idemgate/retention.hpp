@@ -41,7 +41,7 @@ struct RetentionOptions {
  * bounded batches, never in-flight or escalated rows.
  *
  * Example:
- *   idemgate::Retention retention{store, {.keep = std::chrono::days(7)}};
+ *   idemgate::Retention retention{gate.store(), {.keep = std::chrono::days(7)}};
  *   retention.start();  // purges every hour until stop() or destruction
  */
 template <monitored_store Store>

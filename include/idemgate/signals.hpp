@@ -4,6 +4,7 @@
 
 #include "concepts.hpp"
 #include "detail/durations.hpp"
+#include "gate_name.hpp"
 #include "key.hpp"
 #include "outcome.hpp"
 #include "record.hpp"
@@ -96,11 +97,20 @@ struct NullObserver {
 };
 
 /// Counts results per kind, reconciliations and mismatches; lock-free, thread-safe. Render it
-/// with `render_prometheus` (prometheus.hpp).
+/// with `render_prometheus` (prometheus.hpp). Made for a named gate, it labels that gate's
+/// samples, and a gate of another name refuses it at construction.
 class Counters {
  public:
   /// Number of result kinds.
   static constexpr std::size_t kinds = 8;
+
+  /// Counters whose samples carry no gate label (one gate per process).
+  Counters() = default;
+  /// Counters of gate `gate`: the samples carry `gate="<name>"`.
+  explicit Counters(const GateName& gate) : gate_(gate.str()) {}
+
+  /// The gate these counters are for ("" when not named).
+  [[nodiscard]] const std::string& gate() const noexcept { return gate_; }
 
   /// Counts one result of `Gate::process`.
   void on_result(const Key&, Status status, std::chrono::nanoseconds took) noexcept {
@@ -140,6 +150,7 @@ class Counters {
   }
 
  private:
+  std::string gate_;
   std::array<std::atomic<std::uint64_t>, kinds> by_status_{};
   std::atomic<std::uint64_t> reconciled_{0};
   std::atomic<std::uint64_t> mismatches_{0};

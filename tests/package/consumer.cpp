@@ -17,7 +17,7 @@ int main() {
   idemgate::MemoryStore store;
   Terminal terminal;
   int bookings = 0;
-  idemgate::Gate gate{store, terminal,
+  idemgate::Gate gate{"ect.claim_slot", store, terminal,
                       [&](idemgate::MemoryStore::transaction& tx, const std::string&,
                           const std::string&) { tx.on_commit([&] { ++bookings; }); }};
   const auto key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU1");

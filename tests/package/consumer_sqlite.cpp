@@ -19,7 +19,7 @@ int main() {
   Terminal terminal;
   int bookings = 0;
   idemgate::Gate gate{
-      store, terminal,
+      "ect.claim_slot", store, terminal,
       [&](idemgate::SqliteTransaction& tx, const std::string& container, const std::string& slot) {
         tx.exec("CREATE TABLE IF NOT EXISTS bookings (container TEXT, slot TEXT)");
         bookings +=

@@ -8,11 +8,17 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 /// A TallyStore whose `release` forgets to check the fence: it releases whoever holds the key.
 class ForgetfulStore : public TallyStore {
  public:
   using TallyStore::TallyStore;
+  explicit ForgetfulStore(TallyStore log) : TallyStore(std::move(log)) {}
+  /// A handle on the same log that sees only the rows of gate `name`, as forgetful.
+  [[nodiscard]] ForgetfulStore for_gate(const idemgate::GateName& name) const {
+    return ForgetfulStore(TallyStore::for_gate(name));
+  }
   bool release(const idemgate::Key& key, std::int64_t) {
     const auto row = find(key);
     return row.has_value() && TallyStore::release(key, row->fence);

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -16,14 +17,23 @@
 #include <utility>
 #include <vector>
 
-/// An in-process idempotency log that counts every call made to it.
+/// An in-process idempotency log that counts every call made to it. A copy, and `for_gate`, is a
+/// handle on the same log whose calls count with this one's.
 class TallyStore {
  public:
   /// What the business write receives: stage effects with `on_commit`.
   using transaction = idemgate::MemoryStore::transaction;
 
   /// A store on `clock`.
-  explicit TallyStore(idemgate::WallClock clock) : log_(std::move(clock)) {}
+  explicit TallyStore(idemgate::WallClock clock)
+      : log_(std::move(clock)), tallies_(std::make_shared<Tallies>()) {}
+
+  /// A handle on the same log that sees only the rows of gate `name`.
+  [[nodiscard]] TallyStore for_gate(const idemgate::GateName& name) const {
+    return TallyStore(log_.for_gate(name), tallies_);
+  }
+  /// The gate whose rows this handle sees.
+  [[nodiscard]] const std::string& gate() const noexcept { return log_.gate(); }
 
   idemgate::Reservation reserve(const idemgate::Key& key, const idemgate::Fingerprint& fingerprint,
                                 std::string_view request, std::chrono::milliseconds lease) {
@@ -98,20 +108,28 @@ class TallyStore {
 
   /// How many calls of one kind (`"reserve"`, `"commit"`, …) were made.
   std::int64_t calls(const std::string& kind) const {
-    std::lock_guard lock(mutex_);
-    const auto it = calls_.find(kind);
-    return it == calls_.end() ? 0 : it->second;
+    std::lock_guard lock(tallies_->mutex);
+    const auto it = tallies_->calls.find(kind);
+    return it == tallies_->calls.end() ? 0 : it->second;
   }
 
  private:
+  // The counts every handle on one log adds to.
+  struct Tallies {
+    std::mutex mutex;
+    std::map<std::string, std::int64_t> calls;
+  };
+
+  TallyStore(idemgate::MemoryStore log, std::shared_ptr<Tallies> tallies)
+      : log_(std::move(log)), tallies_(std::move(tallies)) {}
+
   void tally(const char* kind) {
-    std::lock_guard lock(mutex_);
-    ++calls_[kind];
+    std::lock_guard lock(tallies_->mutex);
+    ++tallies_->calls[kind];
   }
 
   idemgate::MemoryStore log_;
-  mutable std::mutex mutex_;
-  std::map<std::string, std::int64_t> calls_;
+  std::shared_ptr<Tallies> tallies_;
 };
 
 static_assert(idemgate::store<TallyStore>);

@@ -161,7 +161,8 @@ TEST_F(DeadConnections, BlackholedWorkerIsFreedBeforeThePartitionHealsAndTheGate
   FakeTerminal<> terminal;
   std::atomic<int> runs{0};
   std::function<void(pqxx::work&, const Key&)> hook;
-  Gate gate(store, terminal, HookedWriter{{bookings, &runs}, &hook}, {.lease = 1s});
+  Gate gate("ect.claim_slot", store, terminal, HookedWriter{{bookings, &runs}, &hook},
+            {.lease = 1s});
 
   constexpr auto partition = 10s;
   Clock::time_point cut_at{};
@@ -272,7 +273,8 @@ TEST_F(DeadConnectionsOutage, CommitRetriesAcrossAReconnectUntilTheServerIsBack)
   FakeTerminal<> terminal;
   std::atomic<int> runs{0};
   std::function<void(pqxx::work&, const Key&)> hook;
-  Gate gate(store, terminal, HookedWriter{{bookings, &runs}, &hook}, {.lease = 30s});
+  Gate gate("ect.claim_slot", store, terminal, HookedWriter{{bookings, &runs}, &hook},
+            {.lease = 30s});
 
   std::thread restart;
   hook = [&](pqxx::work&, const Key&) {
@@ -312,15 +314,16 @@ TEST_F(DeadConnections, InFlightAckedOrNotBothFinishTheEventOfADeadWorker) {
   store.migrate();
   FakeTerminal<> terminal;
   std::function<void(pqxx::work&, const Key&)> hook;
-  Gate gate(store, terminal, HookedWriter{{bookings, nullptr}, &hook}, {.lease = 2s});
+  Gate gate("ect.claim_slot", store, terminal, HookedWriter{{bookings, nullptr}, &hook},
+            {.lease = 2s});
   const auto dead_worker_reserves = [&](int n) {
     std::string bytes;
     idemgate::codec<SlotRequest>::encode(request_of(n), bytes);
-    ASSERT_EQ(store.reserve(key_of(n), idemgate::detail::sha256(bytes), bytes, 2s).kind,
+    ASSERT_EQ(gate.store().reserve(key_of(n), idemgate::detail::sha256(bytes), bytes, 2s).kind,
               idemgate::Reservation::Kind::acquired);
   };
   const auto committed = [&](int n) {
-    const auto row = store.find(key_of(n));
+    const auto row = gate.store().find(key_of(n));
     return row && row->status == idemgate::RecordStatus::committed;
   };
   const auto ms = [](Clock::duration d) {

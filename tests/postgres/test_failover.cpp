@@ -81,7 +81,8 @@ TEST(Failover, GateOnAMultiHostUriFollowsAPromotedStandbyWithoutARestart) {
       PostgresOptions{.table = log, .pool_size = 2, .commit_attempts = 12, .log = lines.sink()});
   store.migrate();
   FakeTerminal<> terminal;
-  Gate gate(store, terminal, HookedWriter{{bookings, &runs}, &hook}, {.lease = 30s});
+  Gate gate("ect.claim_slot", store, terminal, HookedWriter{{bookings, &runs}, &hook},
+            {.lease = 30s});
 
   constexpr int events = 12;
   constexpr int failing = 5;

@@ -57,9 +57,9 @@ TEST_F(PostgresHeartbeat, ASlowCallIsTakenOverByNeitherARedeliveryNorTheReconcil
     std::this_thread::sleep_for(1500ms);  // five leases
     return Answer();
   };
-  Gate gate{store, terminal, booking_writer(), {.lease = 300ms}};
+  Gate gate{"ect.claim_slot", store, terminal, booking_writer(), {.lease = 300ms}};
   FakeTerminal<> other_terminal;
-  Gate other{second, other_terminal, booking_writer(), {.lease = 300ms}};
+  Gate other{"ect.claim_slot", second, other_terminal, booking_writer(), {.lease = 300ms}};
   std::atomic<bool> done{false};
   std::vector<Status> redeliveries;
   std::size_t taken = 0;
@@ -83,7 +83,7 @@ TEST_F(PostgresHeartbeat, ASlowCallIsTakenOverByNeitherARedeliveryNorTheReconcil
   ASSERT_GT(redeliveries.size(), 10u);
   for (Status s : redeliveries)
     EXPECT_TRUE(s == Status::in_flight || s == Status::duplicate) << to_string(s);
-  EXPECT_EQ(store.find(key)->fence, 1);
+  EXPECT_EQ(gate.store().find(key)->fence, 1);
   EXPECT_EQ(booking_count(), 1);
   expect_no_half_state();
 }
@@ -123,7 +123,7 @@ TEST_F(PostgresHeartbeat, ARenewalThatFindsTheFenceTakenMakesProcessAnswerRetryN
     renewals_seen = changed.wait_for(lock, 10s, [&] { return extends >= now + 4; });
     return Answer();
   };
-  Gate gate{store, terminal, booking_writer(), {.lease = 300ms}};
+  Gate gate{"ect.claim_slot", store, terminal, booking_writer(), {.lease = 300ms}};
   auto other = std::async(std::launch::async, [&] {
     return gate.process(neighbour, SlotRequest{"MSKU7000038", "2025-06-09T07:00"});
   });
@@ -134,8 +134,8 @@ TEST_F(PostgresHeartbeat, ARenewalThatFindsTheFenceTakenMakesProcessAnswerRetryN
   ASSERT_TRUE(renewals_seen);
   EXPECT_EQ(result.status(), Status::retry) << result.reason();
   EXPECT_FALSE(result.should_ack());
-  EXPECT_EQ(inner.find(key)->status, RecordStatus::in_flight);
-  EXPECT_EQ(inner.find(key)->fence, 2);
+  EXPECT_EQ(gate.store().find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(gate.store().find(key)->fence, 2);
   EXPECT_EQ(booking_count(), 1) << "only the neighbour's booking";
 }
 
@@ -158,7 +158,7 @@ TEST_F(PostgresHeartbeat, RenewalsCutOffByANetworkThatWentDarkMakeProcessAnswerR
                                     },
                                     false};
   FakeTerminal<> terminal;
-  Gate other{direct, terminal, booking_writer(), {.lease = 300ms}};
+  Gate other{"ect.claim_slot", direct, terminal, booking_writer(), {.lease = 300ms}};
   std::optional<Status> redelivered;
   terminal.before = [&](const SlotRequest& r, const Key& k) {
     if (redelivered) return Answer();
@@ -175,13 +175,13 @@ TEST_F(PostgresHeartbeat, RenewalsCutOffByANetworkThatWentDarkMakeProcessAnswerR
     (void)changed.wait_for(lock, 2s, [&] { return extends > now; });
     return Answer();
   };
-  Gate gate{store, terminal, booking_writer(), {.lease = 300ms}};
+  Gate gate{"ect.claim_slot", store, terminal, booking_writer(), {.lease = 300ms}};
   const auto result = gate.process(key, msku);
   EXPECT_EQ(redelivered, Status::processed);
   EXPECT_EQ(result.status(), Status::retry) << result.reason();
   EXPECT_FALSE(result.should_ack());
-  EXPECT_EQ(direct.find(key)->status, RecordStatus::committed);
-  EXPECT_EQ(direct.find(key)->fence, 2);
+  EXPECT_EQ(other.store().find(key)->status, RecordStatus::committed);
+  EXPECT_EQ(other.store().find(key)->fence, 2);
   EXPECT_EQ(booking_count(), 1);
   expect_no_half_state();
 }

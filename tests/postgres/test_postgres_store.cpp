@@ -36,12 +36,13 @@ namespace {
 
 class PostgresGate : public idemgate::test::PgBookingsTest {
  protected:
+  /// A migrated store, scoped to the gate of these tests (it sees the rows their gates write).
   std::unique_ptr<PostgresStore> make_store(std::size_t pool = 1, int commit_attempts = 3) {
-    auto store = std::make_unique<PostgresStore>(
-        uri, idemgate::PostgresOptions{
-                 .table = log, .pool_size = pool, .commit_attempts = commit_attempts});
-    store->migrate();
-    return store;
+    PostgresStore store(uri,
+                        idemgate::PostgresOptions{
+                            .table = log, .pool_size = pool, .commit_attempts = commit_attempts});
+    store.migrate();
+    return std::make_unique<PostgresStore>(store.for_gate("ect.claim_slot"));
   }
 };
 
@@ -81,7 +82,7 @@ TEST_F(PostgresGate, SchemaRefusesMalformedRows) {
 TEST_F(PostgresGate, FirstDeliveryClaimsAndBooksDuplicatesDoNot) {
   auto store = make_store();
   FakeTerminal<> terminal;
-  Gate gate{*store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot", *store, terminal, booking_writer()};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", msku.container);
   auto first = gate.process(key, msku);
   ASSERT_EQ(first.status(), Status::processed);
@@ -109,7 +110,7 @@ TEST_F(PostgresGate, SixteenThreadsDeliveringOneEventCallTheDownstreamOnce) {
     // Half the rounds hold the claim open so racers meet an in-flight row; the other half
     // race the commit, so racers meet rows committed after their statement's snapshot.
     if (round % 2 == 0) terminal.set_delay(30ms);
-    Gate gate{*store, terminal, booking_writer()};
+    Gate gate{"ect.claim_slot", *store, terminal, booking_writer()};
     const Key key = idemgate::derive_key("race", std::to_string(round));
     std::barrier start(16);
     std::vector<std::future<Status>> results;
@@ -140,13 +141,14 @@ TEST_F(PostgresGate, ReservationBlockedByAnUncommittedInsertSeesTheRowOnceItComm
   const auto fingerprint = idemgate::detail::sha256(request);
   pqxx::connection other(uri);
   pqxx::work insert(other);
+  // Another attempt of the same gate inserts the row.
   pq::exec_params(insert,
                   "INSERT INTO " + log +
-                      " (key, status, lease_until, fingerprint, request, result) VALUES"
-                      " ($1::bytea, 'committed', now(), $2::bytea, $3::bytea, $4::bytea)",
+                      " (gate, key, status, lease_until, fingerprint, request, result) VALUES"
+                      " ($5::text, $1::bytea, 'committed', now(), $2::bytea, $3::bytea, $4::bytea)",
                   pq::bytea_param(key.view()),
                   pq::bytea_param({reinterpret_cast<const char*>(fingerprint.data()), 32}),
-                  pq::bytea_param(request), pq::bytea_param("slot-9"));
+                  pq::bytea_param(request), pq::bytea_param("slot-9"), std::string(store->gate()));
   // The store's one pooled connection, where the reservation will run.
   const int waiter = store->connection().connection().backendpid();
   const std::string blocked =
@@ -179,7 +181,7 @@ TEST_F(PostgresGate, SeedMondayStormClaimsOneSlotPerContainer) {
   auto store = make_store(4);
   FakeTerminal<> terminal;
   terminal.ignores_keys = true;  // a second claim for a container would be a second slot
-  Gate gate{*store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot", *store, terminal, booking_writer()};
   const auto deliveries = idemgate::test::monday_deliveries();
   ASSERT_EQ(deliveries.size(), 87u);
   std::atomic<std::size_t> next{0};
@@ -210,7 +212,7 @@ TEST_F(PostgresGate, SeedMondayStormClaimsOneSlotPerContainer) {
 TEST_F(PostgresGate, BusinessWriteThatThrowsLeavesRowInFlightAndNoBooking) {
   auto store = make_store();
   FakeTerminal<> terminal;
-  Gate gate{*store, terminal,
+  Gate gate{"ect.claim_slot", *store, terminal,
             [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
               booking_writer()(tx, key, r, slot);
               throw std::runtime_error("TMS validation failed");
@@ -231,7 +233,7 @@ TEST_F(PostgresGate, TransientFailureReleasesAndNextDeliverySucceedsWithOneSlot)
     if (failures-- > 0) return idemgate::TransientFailure{"503"};
     return std::nullopt;
   };
-  Gate gate{*store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot", *store, terminal, booking_writer()};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-503", msku.container);
   EXPECT_EQ(gate.process(key, msku).status(), Status::retry);
   EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight);
@@ -253,7 +255,7 @@ TEST_F(PostgresGate, PermanentFailureIsStoredAndDuplicatesGetTheSameAnswer) {
                        const Key&) -> std::optional<idemgate::ClaimResult<std::string>> {
     return idemgate::PermanentFailure{"422 unknown container"};
   };
-  Gate gate{*store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot", *store, terminal, booking_writer()};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-422", msku.container);
   EXPECT_EQ(gate.process(key, msku).status(), Status::failed);
   auto again = gate.process(key, msku);
@@ -267,7 +269,7 @@ TEST_F(PostgresGate, PermanentFailureIsStoredAndDuplicatesGetTheSameAnswer) {
 TEST_F(PostgresGate, SameKeyWithDifferentRequestIsConflictAndWritesNothing) {
   auto store = make_store();
   FakeTerminal<> terminal;
-  Gate gate{*store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot", *store, terminal, booking_writer()};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", msku.container);
   ASSERT_EQ(gate.process(key, msku).status(), Status::processed);
   const auto before = store->find(key);
@@ -299,7 +301,7 @@ TEST_F(PostgresGate, ConnectionKilledBeforeCommitLeavesNoHalfStateAndTheCommitIs
   FakeTerminal<> terminal;
   terminal.ignores_keys = true;  // a second claim would be a second slot
   int kills = 1;
-  Gate gate{*store, terminal,
+  Gate gate{"ect.claim_slot", *store, terminal,
             [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
               booking_writer()(tx, key, r, slot);
               if (kills-- > 0) kill_backend(tx.conn().backendpid());
@@ -319,7 +321,8 @@ TEST_F(PostgresGate, ConnectionKilledWithoutRetryLeavesRowInFlightUntilTheNextDe
   auto store = make_store(1, /*commit_attempts=*/1);
   FakeTerminal<> terminal;
   int kills = 1;
-  Gate gate{*store,
+  Gate gate{"ect.claim_slot",
+            *store,
             terminal,
             [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
               booking_writer()(tx, key, r, slot);
@@ -352,7 +355,8 @@ TEST_F(PostgresGate, StaleWorkerCannotCommitAfterTakeover) {
   auto store = make_store(2);
   FakeTerminal<> terminal;
   // A stalled process: its heartbeat stalls with it, so its lease is not renewed.
-  Gate gate{*store, terminal, booking_writer(), {.lease = 200ms, .heartbeat = false}};
+  Gate gate{
+      "ect.claim_slot", *store, terminal, booking_writer(), {.lease = 200ms, .heartbeat = false}};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-stale", msku.container);
   bool stalled = false;
   terminal.before = [&](const SlotRequest& r,
@@ -459,7 +463,8 @@ TEST(PostgresStore, UnusableTableNameIsRefused) {
 TEST_F(PostgresGate, BusinessWriteOnAMissingTableKeepsItsOwnError) {
   auto store = make_store();
   FakeTerminal<> terminal;
-  Gate gate{*store, terminal, [](pqxx::work& tx, const SlotRequest& r, const std::string& slot) {
+  Gate gate{"ect.claim_slot", *store, terminal,
+            [](pqxx::work& tx, const SlotRequest& r, const std::string& slot) {
               pq::exec_params(tx, "INSERT INTO no_such_business_table VALUES ($1, $2)", r.container,
                               slot);
             }};
@@ -511,7 +516,7 @@ class SwallowedSqlError : public PostgresGate, public ::testing::WithParamInterf
 TEST_P(SwallowedSqlError, SingleCommitIsRefusedNamingTheBusinessWrite) {
   auto store = make_store();
   FakeTerminal<> terminal;
-  Gate gate{*store, terminal, swallowing_writer()};
+  Gate gate{"ect.claim_slot", *store, terminal, swallowing_writer()};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-swallow", msku.container);
   for (int delivery = 0; delivery < 3; ++delivery) {
     try {
@@ -537,7 +542,7 @@ TEST_P(SwallowedSqlError, BatchIsNeverProcessedAndNeverRetriedOneByOne) {
   const Key bad = idemgate::derive_key("ect.claim_slot", "CIS-swallow-batch", "BAD");
   auto swallowing = swallowing_writer();
   auto good = booking_writer();
-  Gate gate{*store, terminal,
+  Gate gate{"ect.claim_slot", *store, terminal,
             [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
               if (key == bad)
                 swallowing(tx, key, r, slot);
@@ -602,7 +607,7 @@ TEST_F(PostgresGate, ABusinessWriteThatEndsItsTransactionIsRefusedAndNothingComm
   FakeTerminal<> terminal;
   for (const char* end : {"ROLLBACK", "COMMIT"}) {
     SCOPED_TRACE(end);
-    Gate gate{*store, terminal,
+    Gate gate{"ect.claim_slot", *store, terminal,
               [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
                 booking_writer()(tx, key, r, slot);
                 pq::exec(tx, end);
@@ -620,7 +625,7 @@ TEST_F(PostgresGate, ABusinessWriteThatEndsItsTransactionIsRefusedAndNothingComm
   // The batch commit checks the statement after each business write the same way.
   const Key first = idemgate::derive_key("b", "ends", "first");
   const Key second = idemgate::derive_key("b", "ends", "second");
-  Gate gate{*store, terminal,
+  Gate gate{"ect.claim_slot", *store, terminal,
             [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
               booking_writer()(tx, key, r, slot);
               if (key == second) pq::exec(tx, "ROLLBACK");

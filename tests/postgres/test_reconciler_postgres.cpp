@@ -100,13 +100,14 @@ TEST_P(KilledConsumer, ReconcilerFinishesTheEventAfterSigkill) {
     consumer.kill_now();
   }
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-9", "MSKU7000037");
-  EXPECT_EQ(store.find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(store.for_gate("ect.claim_slot").find(key)->status, RecordStatus::in_flight)
+      << "the consumer's gate holds the event";
   EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings), 0);
   const std::int64_t claims_before = pg_count("SELECT count(*) FROM " + terminal + "_answers");
   EXPECT_EQ(claims_before, point == "before_claim" ? 0 : 1);
 
   idemgate::test::PgTerminal pg_terminal(uri, terminal);
-  Gate gate{store, pg_terminal, booking_writer(), {.lease = 300ms}};
+  Gate gate{"ect.claim_slot", store, pg_terminal, booking_writer(), {.lease = 300ms}};
   Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 10}};
   // The killed backend may still hold its row lock for a moment; the reconciler skips locked
   // rows, so pass again until the row is free.
@@ -137,12 +138,12 @@ TEST_F(PostgresFaults, TwoReconcilersOverFiveHundredStaleRowsNeverDoubleWork) {
   FakeTerminal<> fake;
   fake.ignores_keys = true;  // a row claimed twice would show as a second slot
   {
-    Gate gate{seed, fake, booking_writer(), {.lease = 1ms}};
+    Gate gate{"ect.claim_slot", seed, fake, booking_writer(), {.lease = 1ms}};
     for (int i = 0; i < 500; ++i) {
       const SlotRequest r{"C" + std::to_string(i), "w"};
       const std::string bytes = gate.encode_request(r);
-      (void)seed.reserve(idemgate::derive_key("s", r.container), idemgate::detail::sha256(bytes),
-                         bytes, 1ms);
+      (void)gate.store().reserve(idemgate::derive_key("s", r.container),
+                                 idemgate::detail::sha256(bytes), bytes, 1ms);
     }
   }
   std::this_thread::sleep_for(10ms);
@@ -151,7 +152,7 @@ TEST_F(PostgresFaults, TwoReconcilersOverFiveHundredStaleRowsNeverDoubleWork) {
   for (int r = 0; r < 2; ++r)
     reconcilers.emplace_back([&] {
       PostgresStore store(uri, {.table = log});
-      Gate gate{store, fake, booking_writer(), {.lease = 1min}};
+      Gate gate{"ect.claim_slot", store, fake, booking_writer(), {.lease = 1min}};
       Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 25}};
       for (;;) {
         const auto report = reconciler.run_once();
@@ -186,7 +187,7 @@ TEST_F(PostgresFaults, LostAcknowledgementAndServiceUnavailableBurstsNeverDouble
     if (n % 7 == 0) return idemgate::TransientFailure{"read timeout"};
     return std::nullopt;
   };
-  Gate gate{store, fake, booking_writer()};
+  Gate gate{"ect.claim_slot", store, fake, booking_writer()};
   std::deque<int> queue;
   for (int i = 0; i < 60; ++i) queue.push_back(i);
   int redeliveries = 0;
@@ -210,7 +211,7 @@ TEST_F(PostgresFaults, LostAcknowledgementAndServiceUnavailableBurstsNeverDouble
   expect_invariants(uri, log, bookings, 60);
   for (int i = 0; i < 60; ++i) {
     const Key key = idemgate::derive_key("s", "C" + std::to_string(i));
-    EXPECT_EQ(store.find(key)->result, fake.lookup(key).outcome())
+    EXPECT_EQ(gate.store().find(key)->result, fake.lookup(key).outcome())
         << "event " << i << " booked a slot the terminal does not hold under its key";
   }
 }
@@ -223,7 +224,8 @@ TEST(PostgresRestart, ServerRestartMidRunOfAThousandEventsLosesAndDoublesNothing
   PostgresStore store(uri, {.table = log, .pool_size = 4, .checkout_timeout = 60s});
   store.migrate();
   FakeTerminal<> fake;
-  Gate gate{store, fake, idemgate::test::PgBookingWriter{bookings}, {.lease = 500ms}};
+  Gate gate{
+      "ect.claim_slot", store, fake, idemgate::test::PgBookingWriter{bookings}, {.lease = 500ms}};
 
   // 1,000 events, 300 of them delivered twice, shuffled.
   std::vector<int> deliveries;

@@ -73,6 +73,9 @@ namespace {
 /// The business write: one booking per event; counts how often it ran (committed or not).
 using BookingWriter = idemgate::test::PgBookingWriter;
 
+/// The gate of every test here: its workers and reconcilers are replicas of one service.
+constexpr const char* gate_name = "ect.claim_slot";
+
 using KeyedGate = Gate<PostgresStore, FakeTerminal<>, BookingWriter>;
 using UnkeyedGate = Gate<PostgresStore, FakeTerminal<false>, BookingWriter>;
 
@@ -109,8 +112,9 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
  protected:
   void SetUp() override {
     PgBookingsTest::SetUp();
-    direct_ = std::make_unique<PostgresStore>(uri, idemgate::PostgresOptions{.table = log});
-    direct_->migrate();
+    PostgresStore direct(uri, idemgate::PostgresOptions{.table = log});
+    direct.migrate();
+    direct_ = std::make_unique<PostgresStore>(direct.for_gate(gate_name));
     proxy_ = std::make_unique<PgFaultProxy>(uri);
   }
 
@@ -122,21 +126,22 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
 
   // --- building blocks -----------------------------------------------------------------------
 
-  /// A store whose every statement goes through the proxy.
+  /// A store whose every statement goes through the proxy, scoped to the tests' gate.
   std::unique_ptr<PostgresStore> proxied_store(std::size_t pool_size = 1) {
-    return std::make_unique<PostgresStore>(
+    const PostgresStore proxied(
         proxy_->uri(),
         idemgate::PostgresOptions{.table = log, .pool_size = pool_size, .checkout_timeout = 10s});
+    return std::make_unique<PostgresStore>(proxied.for_gate(gate_name));
   }
 
   BookingWriter writer() { return booking_writer(&business_writes_); }
 
   KeyedGate gate_on(PostgresStore& store, std::chrono::milliseconds lease = 1s) {
-    return KeyedGate(store, terminal_, writer(), {.lease = lease});
+    return KeyedGate(gate_name, store, terminal_, writer(), {.lease = lease});
   }
 
   UnkeyedGate unkeyed_gate_on(PostgresStore& store) {
-    return UnkeyedGate(store, unkeyed_terminal_, writer(), {.lease = 1s});
+    return UnkeyedGate(gate_name, store, unkeyed_terminal_, writer(), {.lease = 1s});
   }
 
   static Key key_of(int n) { return idemgate::derive_key("wire", std::to_string(n)); }
@@ -247,7 +252,7 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
     proxy_->delay(0ms);
     proxy_->heal();
     check_fences("during the operation");
-    KeyedGate gate(*direct_, terminal_, writer(), {.lease = 5s});
+    KeyedGate gate(gate_name, *direct_, terminal_, writer(), {.lease = 5s});
     Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 100}};
     const std::string in_flight = "FROM " + log + " WHERE status = 'in_flight'";
     for (int pass = 0; pass < 5 && pg_count("SELECT count(*) " + in_flight) > 0; ++pass) {
@@ -582,7 +587,7 @@ class CoalescedWireFaultTest : public WireFaultTest {
   /// `after_`, when set, run at the start and at the end of every business write.
   CoalescingGate coalescing_gate_on(PostgresStore& store, std::chrono::milliseconds lease = 2s) {
     return CoalescingGate(
-        store, terminal_,
+        gate_name, store, terminal_,
         [this](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
           if (before_) before_(tx, key);
           writer()(tx, key, r, slot);

@@ -23,9 +23,9 @@ void SNIPPET_FUNCTION(ect_delta::Notification n, Message message, SlotRequest re
   auto book = [](idemgate::MemoryStore::transaction& tx, const SlotRequest&, const std::string&) {
     tx.on_commit([] {});
   };
-  idemgate::Gate gate{store, terminal, book};
+  idemgate::Gate gate{"ect.claim_slot", store, terminal, book};
   idemgate::Reconciler reconciler{gate};
-  idemgate::Retention retention{store};
+  idemgate::Retention retention{gate.store()};
   const idemgate::Key key = idemgate::derive_key("ect.claim_slot", "CIS-1", "MSKU7000037");
   {
     // @snippet: the example goes here

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -108,11 +109,13 @@ inline ThreadLedger& thread_ledger() {
  * A store decorator: every call goes to `Inner`, after `pause` let the thread go on. It also
  * loses the reply of a chosen write when asked (the write lands, the caller gets a
  * `StoreError`), records in the calling thread's ledger which fence each commit runs under, and
- * counts the commits that blamed the business write (`BusinessWriteError`).
+ * counts the commits that blamed the business write (`BusinessWriteError`). A copy, and
+ * `for_gate`, is a handle on the inner store's handle of the same scope that shares the pause
+ * hooks, the lost replies, the counts and the ledger.
  *
  * Example:
  *   PausingStore<MemoryStore> store{memory, [&](const PausePoint& at) { schedule.hold(at); }};
- *   Gate gate{store, terminal, book};
+ *   Gate gate{"ect.claim_slot", store, terminal, book};
  */
 template <store Inner>
 class PausingStore {
@@ -120,32 +123,38 @@ class PausingStore {
   /// The inner store's transaction.
   using transaction = typename Inner::transaction;
 
-  /// Wraps `inner`; `pause` runs before every call, and inside the commit's business write when
-  /// `pause_inside_business_write` (not on a store whose commit holds its lock across the business
-  /// write: nothing else could go on meanwhile). `leased`, if given, hears of every lease a
-  /// reservation, a takeover or a reconciler pass granted.
-  PausingStore(Inner& inner, PauseHook pause, bool pause_inside_business_write,
+  /// Wraps `inner` (a handle on its log); `pause` runs before every call, and inside the commit's
+  /// business write when `pause_inside_business_write` (not on a store whose commit holds its lock
+  /// across the business write: nothing else could go on meanwhile). `leased`, if given, hears of
+  /// every lease a reservation, a takeover or a reconciler pass granted.
+  PausingStore(Inner inner, PauseHook pause, bool pause_inside_business_write,
                LeaseHook leased = {})
-      : inner_(inner),
-        pause_(std::move(pause)),
-        leased_(std::move(leased)),
-        inside_(pause_inside_business_write) {}
+      : inner_(std::move(inner)),
+        shared_(std::make_shared<Shared>(std::move(pause), std::move(leased),
+                                         pause_inside_business_write)) {}
 
-  /// The wrapped store.
+  /// A handle on the inner store's handle for gate `name`, sharing this one's hooks and counts.
+  [[nodiscard]] PausingStore for_gate(const GateName& name) const {
+    return PausingStore(inner_.for_gate(name), shared_);
+  }
+  /// The gate whose rows this handle sees.
+  [[nodiscard]] decltype(auto) gate() const { return inner_.gate(); }
+
+  /// The wrapped store (this handle's).
   Inner& inner() noexcept { return inner_; }
 
   /// How many commits threw `BusinessWriteError` (the store blamed the business write).
-  [[nodiscard]] int business_write_errors() const noexcept { return blamed_.load(); }
+  [[nodiscard]] int business_write_errors() const noexcept { return shared_->blamed.load(); }
   /// The first `BusinessWriteError`'s message (read it once the callers are done).
-  [[nodiscard]] const std::string& first_blame() const noexcept { return first_blame_; }
+  [[nodiscard]] const std::string& first_blame() const noexcept { return shared_->first_blame; }
 
   /// Loses the reply of the `n`-th write from now (0: none).
-  void lose_reply_of_write(int n) { lose_at_.store(n); }
+  void lose_reply_of_write(int n) { shared_->lose_at.store(n); }
 
   /// Forwards `reserve`.
   Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
                       std::chrono::milliseconds lease) {
-    pause_({Step::reserve, &key});
+    hold({Step::reserve, &key});
     Reservation reservation = inner_.reserve(key, fingerprint, request, lease);
     if (reservation.kind != Reservation::Kind::existing) heard(key, reservation.fence);
     return lost(std::move(reservation));
@@ -158,7 +167,7 @@ class PausingStore {
     s.reserve_batch(items, lease);
   }
   {
-    pause_({Step::reserve});
+    hold({Step::reserve});
     std::vector<Reservation> reservations = inner_.reserve_batch(items, lease);
     for (std::size_t i = 0; i < items.size() && i < reservations.size(); ++i)
       if (reservations[i].kind != Reservation::Kind::existing)
@@ -170,11 +179,11 @@ class PausingStore {
   template <class BusinessWrite>
   CommitStatus commit(const Key& key, std::int64_t fence, std::string_view result,
                       BusinessWrite&& business) {
-    pause_({Step::commit, &key, fence});
+    hold({Step::commit, &key, fence});
     thread_ledger().committing[key] = fence;
     const CommitStatus status = counted([&] {
       return inner_.commit(key, fence, result, [&](transaction& tx) {
-        if (inside_) pause_({Step::business_write, &key, fence});
+        if (shared_->inside) hold({Step::business_write, &key, fence});
         const FenceScope scope(fence);
         business(tx);
       });
@@ -191,11 +200,11 @@ class PausingStore {
   }
   std::optional<std::vector<CommitStatus>> commit_batch(std::span<const CommitItem> items,
                                                         BusinessWrite&& business) {
-    pause_({Step::commit});
+    hold({Step::commit});
     for (const CommitItem& item : items) thread_ledger().committing[item.key] = item.fence;
     auto statuses = counted([&] {
       return inner_.commit_batch(items, [&](transaction& tx, std::size_t i) {
-        if (inside_ && i == 0) pause_({Step::business_write, &items[i].key, items[i].fence});
+        if (shared_->inside && i == 0) hold({Step::business_write, &items[i].key, items[i].fence});
         const FenceScope scope(items[i].fence);
         business(tx, i);
       });
@@ -220,7 +229,7 @@ class PausingStore {
     s.commit_each(items, [](transaction&, std::size_t) {});
   }
   std::vector<ItemCommit> commit_each(std::span<const CommitItem> items, BusinessWrite&& business) {
-    pause_({Step::commit});
+    hold({Step::commit});
     for (const CommitItem& item : items) thread_ledger().committing[item.key] = item.fence;
     std::vector<ItemCommit> answers = counted([&] {
       return inner_.commit_each(items, [&](transaction& tx, std::size_t i) {
@@ -248,40 +257,40 @@ class PausingStore {
   /// on any thread), or 0. With group commit, an event's commit runs on whichever thread leads
   /// its group, so a caller finds its commit's fence here rather than in its thread's ledger.
   [[nodiscard]] std::int64_t committed_fence(const Key& key) const {
-    std::lock_guard lock(ledger_mutex_);
-    const auto it = latest_.find(key);
-    return it == latest_.end() ? 0 : it->second;
+    std::lock_guard lock(shared_->ledger_mutex);
+    const auto it = shared_->latest.find(key);
+    return it == shared_->latest.end() ? 0 : it->second;
   }
 
   /// Forwards `fail`.
   CommitStatus fail(const Key& key, std::int64_t fence, std::string_view reason) {
-    pause_({Step::fail, &key, fence});
+    hold({Step::fail, &key, fence});
     return lost(inner_.fail(key, fence, reason));
   }
 
   /// Forwards `escalate`.
   CommitStatus escalate(const Key& key, std::int64_t fence, std::string_view reason) {
-    pause_({Step::escalate, &key, fence});
+    hold({Step::escalate, &key, fence});
     return lost(inner_.escalate(key, fence, reason));
   }
 
   /// Forwards `release`.
   bool release(const Key& key, std::int64_t fence) {
-    pause_({Step::release, &key, fence});
+    hold({Step::release, &key, fence});
     return lost(inner_.release(key, fence));
   }
 
   /// Forwards `release` with a reason (`explaining_store`).
   bool release(const Key& key, std::int64_t fence,
                std::string_view reason) requires explaining_store<Inner> {
-    pause_({Step::release, &key, fence});
+    hold({Step::release, &key, fence});
     return lost(inner_.release(key, fence, reason));
   }
 
   /// Forwards `extend` (`lease_extending_store`).
   std::size_t extend(std::span<const HeldLease> held,
                      std::chrono::milliseconds lease) requires lease_extending_store<Inner> {
-    pause_({Step::extend});
+    hold({Step::extend});
     return inner_.extend(held, lease);
   }
 
@@ -291,7 +300,7 @@ class PausingStore {
   /// Forwards `take_stale`.
   std::vector<Stranded> take_stale(std::size_t limit, std::chrono::milliseconds stale_after,
                                    std::chrono::milliseconds lease) {
-    pause_({Step::take_stale});
+    hold({Step::take_stale});
     std::vector<Stranded> taken = inner_.take_stale(limit, stale_after, lease);
     for (const Stranded& row : taken) heard(row.key, row.fence);
     return lost(std::move(taken));
@@ -347,6 +356,26 @@ class PausingStore {
   { return inner_.relaxed_reservations(); }
 
  private:
+  // What every handle of one wrapper shares.
+  struct Shared {
+    Shared(PauseHook p, LeaseHook l, bool i)
+        : pause(std::move(p)), leased(std::move(l)), inside(i) {}
+    PauseHook pause;
+    LeaseHook leased;
+    bool inside;
+    std::atomic<int> lose_at{0};
+    std::atomic<int> blamed{0};
+    std::string first_blame;
+    std::mutex ledger_mutex;
+    std::map<Key, std::int64_t> latest;
+  };
+
+  PausingStore(Inner inner, std::shared_ptr<Shared> shared)
+      : inner_(std::move(inner)), shared_(std::move(shared)) {}
+
+  // Runs the pause hook: returns when the thread may go on.
+  void hold(const PausePoint& at) const { shared_->pause(at); }
+
   // Puts a commit's fence in the thread's ledger while its business write runs.
   class FenceScope {
    public:
@@ -362,7 +391,7 @@ class PausingStore {
   };
 
   void heard(const Key& key, std::int64_t fence) {
-    if (leased_) leased_(key, fence);
+    if (shared_->leased) shared_->leased(key, fence);
   }
 
   template <class Commit>
@@ -376,32 +405,25 @@ class PausingStore {
   }
 
   void blame(const BusinessWriteError& e) {
-    if (blamed_.fetch_add(1) == 0) first_blame_ = e.what();
+    if (shared_->blamed.fetch_add(1) == 0) shared_->first_blame = e.what();
   }
 
   void committed_under(const Key& key, std::int64_t fence) {
-    std::lock_guard lock(ledger_mutex_);
-    latest_[key] = fence;
+    std::lock_guard lock(shared_->ledger_mutex);
+    shared_->latest[key] = fence;
   }
 
   template <class T>
   T lost(T answer) {
-    int at = lose_at_.load();
-    while (at > 0 && !lose_at_.compare_exchange_weak(at, at - 1)) {
+    int at = shared_->lose_at.load();
+    while (at > 0 && !shared_->lose_at.compare_exchange_weak(at, at - 1)) {
     }
     if (at == 1) throw StoreError("the reply was lost");
     return answer;
   }
 
-  Inner& inner_;
-  PauseHook pause_;
-  LeaseHook leased_;
-  bool inside_;
-  std::atomic<int> lose_at_{0};
-  std::atomic<int> blamed_{0};
-  std::string first_blame_;
-  mutable std::mutex ledger_mutex_;
-  std::map<Key, std::int64_t> latest_;
+  Inner inner_;
+  std::shared_ptr<Shared> shared_;
 };
 
 /// A downstream decorator: `claim` and `lookup` go to `Inner` after `pause` let the thread go on.

@@ -255,7 +255,7 @@ struct BaseUrl {
  *     }
  *   };
  *   idemgate::HttpDownstream<SlotApi> terminal{"https://slots.ectdelta.example/v1"};
- *   idemgate::Gate gate{store, terminal, book_in_tms};
+ *   idemgate::Gate gate{"ect.claim_slot", store, terminal, book_in_tms};
  */
 template <http_mapping Mapping, bool HonoursKeys = true>
 class HttpDownstream {

@@ -8,6 +8,7 @@
 
 #include "../concepts.hpp"
 #include "../detail/durations.hpp"
+#include "../gate_name.hpp"
 #include "../key.hpp"
 #include "../outcome.hpp"
 #include "../record.hpp"
@@ -44,12 +45,15 @@ namespace idemgate::prometheus {
 /// How `RegistryObserver` registers its metrics. The constructor refuses unusable values with
 /// `std::invalid_argument`.
 struct RegistryOptions {
+  /// The gate whose metrics these are: every series gets the label `gate="<name>"`, as
+  /// `render_prometheus` writes it, and a gate of another name refuses the observer. Empty (the
+  /// default): no gate label.
+  std::string gate{};
   /// Upper bounds of the histogram `idemgate_gate_duration_seconds`, in seconds: from 1 to
   /// `max_buckets` finite values above 0, strictly increasing (`+Inf` is always added).
   std::vector<double> latency_buckets = default_latency_buckets();
-  /// Labels added to every series, e.g. `{{"gate", "billing"}}` when one registry holds the
-  /// metrics of several gates (each observer with its own values). Names must not be `result`
-  /// or `le`, which the metrics use themselves.
+  /// Labels added to every series, e.g. `{{"region", "eu"}}`. Names must not be `result` or
+  /// `le`, which the metrics use themselves, nor `gate` when `gate` is set.
   ::prometheus::Labels labels{};
 
   /// Most histogram bounds: each one is a series per result.
@@ -82,10 +86,10 @@ struct RegistryOptions {
  *   auto registry = std::make_shared<prometheus::Registry>();
  *   prometheus::Exposer exposer{"127.0.0.1:9464"};  // prometheus-cpp's pull library
  *   exposer.RegisterCollectable(registry);
- *   idemgate::prometheus::RegistryObserver metrics{*registry};
- *   idemgate::Gate gate{store, terminal, book, {}, metrics};
+ *   idemgate::prometheus::RegistryObserver metrics{*registry, {.gate = "ect.claim_slot"}};
+ *   idemgate::Gate gate{"ect.claim_slot", store, terminal, book, {}, metrics};
  *   // every 30 s:
- *   metrics.update(store.signals(std::chrono::hours(1)));
+ *   metrics.update(gate.store().signals(std::chrono::hours(1)));
  */
 class RegistryObserver {
  public:
@@ -93,8 +97,9 @@ class RegistryObserver {
   /// and whatever prometheus-cpp throws when a metric of the same name but another type is
   /// there already.
   explicit RegistryObserver(::prometheus::Registry& registry, RegistryOptions options = {})
-      : registry_(registry), labels_(options.labels) {
+      : registry_(registry), labels_(options.labels), gate_(options.gate) {
     validate(options);
+    if (!gate_.empty()) labels_.emplace("gate", GateName(gate_).str());
     auto& events = ::prometheus::BuildCounter()
                        .Name("idemgate_events_total")
                        .Help("Deliveries through the gate in this process, by result.")
@@ -186,6 +191,10 @@ class RegistryObserver {
     }
   }
 
+ public:
+  /// The gate these metrics are for ("" when not named).
+  [[nodiscard]] const std::string& gate() const noexcept { return gate_; }
+
  private:
   static constexpr std::size_t kinds = 8;
   static_assert(static_cast<std::size_t>(Status::lost_lease) + 1 == kinds,
@@ -207,11 +216,16 @@ class RegistryObserver {
             ". Leave +Inf out: the histogram adds it.");
       previous = bound;
     }
-    for (const auto& [name, value] : options.labels)
+    for (const auto& [name, value] : options.labels) {
       if (name == "result" || name == "le")
         throw std::invalid_argument("idemgate: RegistryOptions::labels holds \"" + name +
                                     "\", a label the metrics use themselves; name it otherwise "
-                                    "(e.g. \"gate\")");
+                                    "(e.g. \"region\")");
+      if (name == "gate" && !options.gate.empty())
+        throw std::invalid_argument(
+            "idemgate: RegistryOptions::labels holds \"gate\" and RegistryOptions::gate is set; "
+            "set only RegistryOptions::gate");
+    }
   }
 
   ::prometheus::Counter& counter(const char* name, const char* help) {
@@ -223,6 +237,7 @@ class RegistryObserver {
 
   ::prometheus::Registry& registry_;
   ::prometheus::Labels labels_;
+  std::string gate_;
   std::array<::prometheus::Counter*, kinds> events_{};
   std::array<::prometheus::Histogram*, kinds> durations_{};
   ::prometheus::Counter* seconds_ = nullptr;
