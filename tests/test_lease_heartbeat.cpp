@@ -1,7 +1,7 @@
 // The gate's heartbeat: a live worker keeps its lease however slow its downstream is; a worker
 // whose renewals fail does not ack; a lease given back in a batch or a reconciler pass is not
-// renewed again; Gate::stop and StopSignal for a graceful shutdown. The
-// crash of a real worker process with the default options is in test_lease_crash.cpp.
+// renewed again; Gate::stop and StopSignal for a graceful shutdown. The crash of a real worker
+// process with the default options is in test_lease_crash.cpp.
 
 #include "support/fake_terminal.hpp"
 #include "support/given_back_leases.hpp"
