@@ -1,8 +1,10 @@
 // The gate's heartbeat: a live worker keeps its lease however slow its downstream is; a worker
-// whose renewals fail does not ack; Gate::stop and StopSignal for a graceful shutdown. The
-// crash of a real worker process with the default options is in test_lease_crash.cpp.
+// whose renewals fail does not ack; a lease given back in a batch or a reconciler pass is not
+// renewed again; Gate::stop and StopSignal for a graceful shutdown. The crash of a real worker
+// process with the default options is in test_lease_crash.cpp.
 
 #include "support/fake_terminal.hpp"
+#include "support/given_back_leases.hpp"
 #include "support/memory_bookings.hpp"
 #include "support/pausing_store.hpp"
 #include "support/slot_request.hpp"
@@ -266,6 +268,40 @@ TEST(LeaseHeartbeat, ATransientFailureEndsTheLeaseForGoodWhileTheHeartbeatRuns) 
   // The heartbeat has had many chances to renew since: the lease stays ended.
   std::this_thread::sleep_for(100ms);
   EXPECT_LT(gate.store().find(key)->lease_until, std::chrono::system_clock::now() - 1h);
+}
+
+// A lease given back inside a batch or a reconciler pass (a transient failure, a failed
+// commit) is not renewed by the batch's or the pass's lease keeper as it goes on.
+TEST(GivenBackLease, ABatchOnMemoryStoreNoLongerRenewsTheMembersItGaveBack) {
+  MemoryStore store;
+  MemoryBookings bookings;
+  idemgate::test::expect_batch_members_given_back_stay_given_back(
+      store, [&bookings](MemoryStore::transaction& tx, const Key&, const SlotRequest& r,
+                         const std::string& slot) { bookings.writer()(tx, r, slot); });
+  EXPECT_EQ(bookings.size(), 4u);
+}
+
+TEST(GivenBackLease, ABatchOnSqliteNoLongerRenewsTheMembersItGaveBack) {
+  namespace sq = idemgate::test::sqlite;
+  sq::Fixture f;
+  idemgate::test::expect_batch_members_given_back_stay_given_back(f.store, sq::book);
+  EXPECT_EQ(sq::count(f.db, "SELECT count(*) FROM bookings"), 4);
+}
+
+TEST(GivenBackLease, AReconcilerPassOnMemoryStoreNoLongerRenewsTheRowsItGaveBack) {
+  MemoryStore store;
+  MemoryBookings bookings;
+  idemgate::test::expect_pass_rows_given_back_stay_given_back(
+      store, [&bookings](MemoryStore::transaction& tx, const Key&, const SlotRequest& r,
+                         const std::string& slot) { bookings.writer()(tx, r, slot); });
+  EXPECT_EQ(bookings.size(), 4u);
+}
+
+TEST(GivenBackLease, AReconcilerPassOnSqliteNoLongerRenewsTheRowsItGaveBack) {
+  namespace sq = idemgate::test::sqlite;
+  sq::Fixture f;
+  idemgate::test::expect_pass_rows_given_back_stay_given_back(f.store, sq::book);
+  EXPECT_EQ(sq::count(f.db, "SELECT count(*) FROM bookings"), 4);
 }
 
 TEST(GateStop, AfterStopProcessReservesNothingAndAnswersRetry) {

@@ -217,6 +217,40 @@ TEST(SqliteStore, EightStoresOnOneFileReservingOneKeyHaveExactlyOneWinner) {
   }
 }
 
+TEST(SqliteStore, ForkedWorkersOpeningStoresOfTheirOwnAcquireEachKeyOnce) {
+  // A pre-forking consumer: the parent opened the file and reserved before it forked; each child
+  // opens a store of its own (after the fork, as it must) and reserves the same keys in the same
+  // order. One child acquires each key; the others find it in flight and are counted.
+  Fixture f;
+  ASSERT_EQ(reserve(f.store, idemgate::derive_key("fork", "parent")).kind,
+            Reservation::Kind::acquired);
+  constexpr int children = 4, keys = 24, wrong = 50;
+  const auto codes = idemgate::test::run_in_children(children, [&](int) {
+    SqliteStore own(f.db, {.busy_timeout = 20s});
+    int acquired = 0;
+    for (int k = 0; k < keys; ++k) {
+      const Reservation r = reserve(own, idemgate::derive_key("fork", std::to_string(k)));
+      if (r.kind == Reservation::Kind::acquired)
+        ++acquired;
+      else if (r.kind != Reservation::Kind::existing || r.status != RecordStatus::in_flight ||
+               r.fence != 1)
+        return wrong;
+    }
+    return acquired;
+  });
+  int acquired = 0;
+  for (const int code : codes) {
+    EXPECT_LE(code, keys) << (code == wrong ? "a reservation neither acquired nor met the key"
+                                            : "a child threw");
+    if (code <= keys) acquired += code;
+  }
+  EXPECT_EQ(acquired, keys) << "one child, and only one, acquired each key";
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM idemgate_log WHERE duplicates = " +
+                            std::to_string(children - 1)),
+            keys)
+      << "every other child's reservation of a key counted as a duplicate";
+}
+
 TEST(SqliteStore, AWriterInAnotherConnectionIsWaitedForNotReported) {
   Fixture f;
   // The store reads its clock only once it holds the write lock (the lease runs from then), so

@@ -1,8 +1,10 @@
 // The gate's heartbeat on PostgreSQL: a slow call several leases long is taken over by neither a
-// redelivery on another worker nor the reconciler, and a worker whose renewal finds its fence
-// taken answers retry (not acked) instead of lost_lease.
+// redelivery on another worker nor the reconciler, a worker whose renewal finds its fence taken
+// answers retry (not acked) instead of lost_lease, and a lease given back in a batch or a
+// reconciler pass is not renewed again.
 
 #include "support/fake_terminal.hpp"
+#include "support/given_back_leases.hpp"
 #include "support/pausing_store.hpp"
 #include "support/pg_bookings.hpp"
 #include "support/pg_fault_proxy.hpp"
@@ -183,5 +185,21 @@ TEST_F(PostgresHeartbeat, RenewalsCutOffByANetworkThatWentDarkMakeProcessAnswerR
   EXPECT_EQ(other.store().find(key)->status, RecordStatus::committed);
   EXPECT_EQ(other.store().find(key)->fence, 2);
   EXPECT_EQ(booking_count(), 1);
+  expect_no_half_state();
+}
+
+TEST_F(PostgresHeartbeat, ABatchNoLongerRenewsTheMembersItGaveBack) {
+  PostgresStore store(uri, {.table = log});
+  store.migrate();
+  idemgate::test::expect_batch_members_given_back_stay_given_back(store, booking_writer());
+  EXPECT_EQ(booking_count(), 4);
+  expect_no_half_state();
+}
+
+TEST_F(PostgresHeartbeat, AReconcilerPassNoLongerRenewsTheRowsItGaveBack) {
+  PostgresStore store(uri, {.table = log});
+  store.migrate();
+  idemgate::test::expect_pass_rows_given_back_stay_given_back(store, booking_writer());
+  EXPECT_EQ(booking_count(), 4);
   expect_no_half_state();
 }

@@ -1,8 +1,8 @@
 // PostgresStore behind PgBouncer in transaction pooling mode (IDEMGATE_TEST_PGBOUNCER, started by
 // scripts/test; the tests fail without it): why PostgresPooling::transaction is needed, and that
-// it keeps nothing in the server's sessions. The last test needs only the server. The pools
-// idemgate_pool1 and idemgate_pool2 of that PgBouncer hold exactly one and two server connections,
-// so which connection a transaction gets is known.
+// it keeps nothing in the server's sessions, as another client of the same pool sees them. The last
+// test needs only the server. The pools idemgate_pool1 and idemgate_pool2 of that PgBouncer hold
+// exactly one and two server connections, so which connection a transaction gets is known.
 
 #include "support/pg_fault_proxy.hpp"
 #include "support/pgbouncer.hpp"
@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,6 +74,25 @@ class PgBouncerTransactionPooling : public ::testing::Test {
   // What another client of the pool at `uri` sees of synchronous_commit.
   static std::string synchronous_commit_seen_through(const std::string& uri) {
     return t::pg_exec_on(uri, "SHOW synchronous_commit")[0][0].c_str();
+  }
+
+  // What another client of the pool at `uri` finds in the session of the server connection it
+  // gets: the settings made in the session (a SET), named prepared statements, advisory locks,
+  // LISTEN channels, temporary tables and open cursors, as one line of text.
+  static std::string session_state_seen_through(const std::string& uri) {
+    return t::pg_exec_on(
+               uri,
+               "SELECT 'settings: ' || coalesce((SELECT string_agg(name || '=' || setting, ', ' "
+               "ORDER BY"
+               " name) FROM pg_settings WHERE source = 'session'), '') ||"
+               " '; prepared: ' || (SELECT count(*) FROM pg_prepared_statements) ||"
+               " '; advisory locks: ' || (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+               " AND pid = pg_backend_pid()) ||"
+               " '; channels: ' || (SELECT count(*) FROM pg_listening_channels()) ||"
+               " '; temporary tables: ' || (SELECT count(*) FROM pg_class WHERE relnamespace ="
+               " pg_my_temp_schema()) ||"
+               " '; cursors: ' || (SELECT count(*) FROM pg_cursors)")[0][0]
+        .c_str();
   }
 
   PostgresOptions options(PostgresPooling pooling) const {
@@ -207,6 +227,52 @@ TEST_F(PgBouncerTransactionPooling, RelaxedReservationsLeaveNoSettingOnTheServer
                               .pooling = PostgresPooling::session});
   reserve_and_commit(leaky, idemgate::derive_key("pgbouncer", "leaky"));
   EXPECT_EQ(synchronous_commit_seen_through(pool1), "off");
+}
+
+TEST_F(PgBouncerTransactionPooling, EveryCallLeavesNothingInTheSessionOfTheServerConnection) {
+  // The pool idemgate_pool1 has one server connection: the store's connections and another
+  // client's all run their transactions on it. That client must find its session as it was
+  // before the store came (no statement_timeout, no synchronous_commit, no prepared statement
+  // or lock of the store's), after every kind of call the store makes.
+  const std::string before = session_state_seen_through(pool1);
+  EXPECT_NE(before.find("prepared: 0;"), std::string::npos) << before;
+  {
+    PostgresStore store(pool1, {.table = log,
+                                .checkout_timeout = 5s,
+                                .relaxed_reservations = true,
+                                .pooling = PostgresPooling::transaction});
+    store.migrate();
+    const std::string request = "request";
+    const auto fingerprint = idemgate::detail::sha256(request);
+    const Key committed = idemgate::derive_key("pgbouncer session", "committed");
+    reserve_and_commit(store, committed);
+    const Key released = idemgate::derive_key("pgbouncer session", "released");
+    const Reservation r = store.reserve(released, fingerprint, request, 1min);
+    const idemgate::HeldLease held{released, r.fence};
+    EXPECT_EQ(store.extend(std::span<const idemgate::HeldLease>(&held, 1), 1min), 1u);
+    EXPECT_TRUE(store.release(released, r.fence, "503"));
+    EXPECT_EQ(store.take_stale(10, 0s, 1min).size(), 1u);
+    const Key failed = idemgate::derive_key("pgbouncer session", "failed");
+    const Reservation f = store.reserve(failed, fingerprint, request, 1min);
+    EXPECT_EQ(store.fail(failed, f.fence, "422"), CommitStatus::committed);
+    EXPECT_EQ(store.redrive_failed(failed), 1u);
+    const Key parked = idemgate::derive_key("pgbouncer session", "escalated");
+    const Reservation p = store.reserve(parked, fingerprint, request, 1min);
+    EXPECT_EQ(store.escalate(parked, p.fence, "no key support"), CommitStatus::committed);
+    EXPECT_TRUE(store.resolve(parked, "slot", [](pqxx::work&) {}));
+    store.record_mismatch(committed, "slot", "another slot", "lost_lease");
+    EXPECT_EQ(store.mismatches(10).size(), 1u);
+    EXPECT_EQ(store.signals(1h).in_flight, 2);
+    EXPECT_TRUE(store.find(committed).has_value());
+    EXPECT_EQ(store.purge(1h, 10), 0u);
+  }
+  const std::string after = session_state_seen_through(pool1);
+  EXPECT_EQ(after, before) << "the store left its session state on a server connection it shared";
+  const auto statement_timeout = [](const std::string& uri) {
+    return std::string(t::pg_exec_on(uri, "SHOW statement_timeout")[0][0].c_str());
+  };
+  EXPECT_EQ(statement_timeout(pool1), statement_timeout(direct))
+      << "another client of the pool runs under the store's statement timeout";
 }
 
 TEST(TransactionPooling, ARelaxedReservationWhoseCommitReplyIsLostIsRecognisedOnTheNextConnection) {

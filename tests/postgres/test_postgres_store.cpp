@@ -1,5 +1,6 @@
 // The gate on a real PostgreSQL server (started by scripts/test; see IDEMGATE_TEST_PG).
 
+#include "support/child_process.hpp"
 #include "support/fake_terminal.hpp"
 #include "support/monday.hpp"
 #include "support/pg_bookings.hpp"
@@ -405,6 +406,49 @@ TEST_F(PostgresGate, AFenceAboveTheStoredOneMeansThisAttemptsTakeoverWasLost) {
   EXPECT_THROW((void)store->fail(key, first.fence + 1, "x"), idemgate::StoreError);
   EXPECT_THROW((void)store->escalate(key, first.fence + 1, "x"), idemgate::StoreError);
   EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight);
+}
+
+TEST_F(PostgresGate, ForkedWorkersHoldTheirOwnTokensAndOneOfThemAcquiresEachKey) {
+  // A pre-forking consumer: the parent reserves before it forks, so the source of its holder
+  // tokens is seeded and every child inherits it. Each child opens a store of its own and
+  // reserves the same keys in the same order. A child that drew its parent's tokens would write
+  // the same token for a key as its siblings, and each would take the first one's row for its
+  // own (a lost reply repeated): acquired, every one of them, and every one calls the downstream.
+  // The parent's store runs no reply watchdog, so the parent forks with one thread, as a
+  // pre-forking consumer should (the thread sanitizer lets no child start a thread otherwise);
+  // the children's stores keep the default options.
+  PostgresStore store(uri, {.table = log, .reply_timeout = 0ms});
+  store.migrate();
+  const std::string request = "request";
+  const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
+  ASSERT_EQ(store.reserve(idemgate::derive_key("fork", "parent"), fingerprint, request, 1min).kind,
+            idemgate::Reservation::Kind::acquired);
+  constexpr int children = 4, keys = 24, wrong = 50;
+  const auto codes = idemgate::test::run_in_children(children, [&](int) {
+    PostgresStore own(uri, {.table = log});
+    int acquired = 0;
+    for (int k = 0; k < keys; ++k) {
+      const auto r =
+          own.reserve(idemgate::derive_key("fork", std::to_string(k)), fingerprint, request, 1min);
+      if (r.kind == idemgate::Reservation::Kind::acquired)
+        ++acquired;
+      else if (r.kind != idemgate::Reservation::Kind::existing ||
+               r.status != RecordStatus::in_flight || r.fence != 1)
+        return wrong;
+    }
+    return acquired;
+  });
+  int acquired = 0;
+  for (const int code : codes) {
+    EXPECT_LE(code, keys) << (code == wrong ? "a reservation neither acquired nor met the key"
+                                            : "a child threw");
+    if (code <= keys) acquired += code;
+  }
+  EXPECT_EQ(acquired, keys) << "one child, and only one, acquired each key";
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log +
+                     " WHERE duplicates = " + std::to_string(children - 1)),
+            keys)
+      << "every other child's reservation of a key counted as a duplicate";
 }
 
 TEST_F(PostgresGate, PurgeMeasuresTheWindowFromWhenTheEventFinished) {

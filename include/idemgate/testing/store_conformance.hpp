@@ -232,6 +232,66 @@ class StoreConformance : public ::testing::Test {
     }
   }
 
+  /// Makes one row in each state a re-drive must leave alone, keyed `name` 0 to 3: committed, in
+  /// flight under a live lease, in flight with its lease given back (a transient failure), and
+  /// escalated; `rows` gets them as they are then, in that order.
+  void rows_a_redrive_leaves_alone(const std::string& name, std::vector<Record>& rows) {
+    const Key committed = detail::key_of(name, 0), flying = detail::key_of(name, 1),
+              given_back = detail::key_of(name, 2), parked = detail::key_of(name, 3);
+    ASSERT_NO_FATAL_FAILURE(settled(committed, RecordStatus::committed));
+    ASSERT_NO_FATAL_FAILURE(settled(flying, RecordStatus::in_flight));
+    ASSERT_NO_FATAL_FAILURE(settled(given_back, RecordStatus::in_flight));
+    ASSERT_TRUE(store().release(given_back, 1));
+    ASSERT_NO_FATAL_FAILURE(settled(parked, RecordStatus::escalated));
+    rows.clear();
+    for (const Key& key : {committed, flying, given_back, parked}) {
+      const auto row = store().find(key);
+      ASSERT_TRUE(row.has_value());
+      rows.push_back(*row);
+    }
+  }
+
+  /// Checks that the rows of `rows_a_redrive_leaves_alone` are as they were, and that their
+  /// holders and redeliveries meet what they met before: the committed row's result, the live
+  /// holder's fence (it commits; nobody takes it over), the given-back row taken over with the
+  /// next fence, the escalated row resolved by hand.
+  void expect_left_alone(const std::vector<Record>& rows) {
+    static constexpr const char* what[] = {"the committed row", "the row in flight",
+                                           "the row given back", "the escalated row"};
+    ASSERT_EQ(rows.size(), std::size(what));
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Record& was = rows[i];
+      const auto row = store().find(was.key);
+      ASSERT_TRUE(row.has_value()) << what[i];
+      EXPECT_EQ(row->status, was.status) << what[i];
+      EXPECT_EQ(row->fence, was.fence) << what[i];
+      EXPECT_EQ(row->attempts, was.attempts) << what[i];
+      EXPECT_EQ(row->lease_until, was.lease_until) << what[i];
+      EXPECT_EQ(row->updated_at, was.updated_at) << what[i];
+      EXPECT_EQ(row->result, was.result) << what[i];
+      EXPECT_EQ(row->reason, was.reason) << what[i];
+    }
+    const Key& committed = rows[0].key;
+    const Key& flying = rows[1].key;
+    const Key& given_back = rows[2].key;
+    const Key& parked = rows[3].key;
+    const Reservation done = reserve(committed);
+    EXPECT_EQ(done.status, RecordStatus::committed);
+    EXPECT_EQ(done.result, "slot") << "its redelivery gets the stored result";
+    const Reservation live = reserve(flying);
+    EXPECT_EQ(live.kind, Reservation::Kind::existing) << "a live holder is never taken over";
+    EXPECT_EQ(store().commit(flying, 1, "slot", writer(flying)), CommitStatus::committed)
+        << "the holder still holds its fence";
+    const Reservation next = reserve(given_back);
+    EXPECT_EQ(next.kind, Reservation::Kind::taken_over);
+    EXPECT_EQ(next.fence, 2) << "the next fence, not one a re-drive took";
+    EXPECT_EQ(store().commit(given_back, next.fence, "slot", writer(given_back)),
+              CommitStatus::committed);
+    EXPECT_TRUE(store().resolve(parked, "slot", writer(parked))) << "still for a human";
+    for (const Key& key : {committed, flying, given_back, parked})
+      EXPECT_EQ(traits_.business_rows_for(key), 1);
+  }
+
   /// The traits object of this test.
   Traits traits_;
   /// `store()`: the traits' store scoped to `gate_name`.
@@ -1276,6 +1336,95 @@ TYPED_TEST_P(StoreConformance, AdoptingGivesRowsOfNoGateToOneGateExceptKeysItHol
   }
 }
 
+TYPED_TEST_P(StoreConformance, RedrivingByKeyLeavesCommittedInFlightAndEscalatedRowsAlone) {
+  if constexpr (!idemgate::redrivable_store<typename TypeParam::Store>) {
+    FAIL() << "this store has no redrive_failed(key) and redrive_failed(from, to, limit) yet";
+  } else {
+    std::vector<Record> rows;
+    ASSERT_NO_FATAL_FAILURE(this->rows_a_redrive_leaves_alone("redrive-key-guard", rows));
+    for (const Record& row : rows)
+      EXPECT_EQ(this->store().redrive_failed(row.key), 0u)
+          << "a re-drive took a " << to_string(row.status) << " row";
+    ASSERT_NO_FATAL_FAILURE(this->expect_left_alone(rows));
+  }
+}
+
+TYPED_TEST_P(StoreConformance, RedrivingByTimeLeavesCommittedInFlightAndEscalatedRowsAlone) {
+  if constexpr (!idemgate::redrivable_store<typename TypeParam::Store>) {
+    FAIL() << "this store has no redrive_failed(key) and redrive_failed(from, to, limit) yet";
+  } else {
+    std::vector<Record> rows;
+    ASSERT_NO_FATAL_FAILURE(this->rows_a_redrive_leaves_alone("redrive-range-guard", rows));
+    const Key failed = detail::key_of("redrive-range-guard", 4);
+    ASSERT_NO_FATAL_FAILURE(this->settled(failed, RecordStatus::failed));
+    // Every row was written within the range: only its status may set one apart.
+    const auto now = std::chrono::system_clock::now();
+    EXPECT_EQ(this->store().redrive_failed(now - 1h, now + 1h, 100), 1u) << "the failed row only";
+    EXPECT_EQ(this->status_of(failed), RecordStatus::in_flight);
+    ASSERT_NO_FATAL_FAILURE(this->expect_left_alone(rows));
+  }
+}
+
+// =============================================================================================
+// Renewals: `extend` (lease_extending_store) renews only the leases whose fence still holds.
+// A store without `extend` skips this case: the gate renews no lease on it.
+// =============================================================================================
+
+TYPED_TEST_P(StoreConformance, ARenewalExtendsOnlyTheLeasesWhoseFenceStillHolds) {
+  if constexpr (!idemgate::lease_extending_store<typename TypeParam::Store>) {
+    GTEST_SKIP() << "this store has no extend(): the gate's heartbeat renews no lease on it";
+  } else {
+    const Key held = detail::key_of("renew-held"), moved = detail::key_of("renew-moved");
+    const Key done = detail::key_of("renew-committed"), failed = detail::key_of("renew-failed");
+    const Key parked = detail::key_of("renew-escalated"), unknown = detail::key_of("renew-none");
+    const Reservation h = this->reserve(held, "request", 10s);
+    const Reservation m = this->reserve(moved, "request", 10s);
+    ASSERT_NO_FATAL_FAILURE(this->settled(done, RecordStatus::committed));
+    ASSERT_NO_FATAL_FAILURE(this->settled(failed, RecordStatus::failed));
+    ASSERT_NO_FATAL_FAILURE(this->settled(parked, RecordStatus::escalated));
+    // Both leases run out; a redelivery takes one of them over, moving its fence.
+    this->traits_.advance(11s);
+    const Reservation taken = this->reserve(moved, "request", 10s);
+    ASSERT_EQ(taken.kind, Reservation::Kind::taken_over);
+    std::vector<Record> before;
+    for (const Key& key : {held, moved, done, failed, parked})
+      before.push_back(*this->store().find(key));
+
+    const std::vector<HeldLease> asked{{held, h.fence}, {moved, m.fence}, {done, 1},
+                                       {failed, 1},     {parked, 1},      {unknown, 1}};
+    EXPECT_EQ(this->store().extend(asked, 1h), 1u) << "only the lease whose fence still holds";
+    EXPECT_GT(this->store().find(held)->lease_until, before[0].lease_until + 50min)
+        << "renewed from now, although it had run out: nobody took it over";
+    static constexpr const char* untouched[] = {"the row taken over", "the committed row",
+                                                "the failed row", "the escalated row"};
+    for (std::size_t i = 1; i < before.size(); ++i) {
+      const auto row = this->store().find(before[i].key);
+      EXPECT_EQ(row->lease_until, before[i].lease_until) << untouched[i - 1];
+      EXPECT_EQ(row->status, before[i].status) << untouched[i - 1];
+      EXPECT_EQ(row->fence, before[i].fence) << untouched[i - 1];
+    }
+    EXPECT_EQ(this->store().extend(std::vector<HeldLease>{{moved, taken.fence + 1}}, 1h), 0u)
+        << "a fence above the stored one (a takeover lost in a crash) holds no lease";
+    EXPECT_EQ(this->store().extend(std::vector<HeldLease>{}, 1h), 0u);
+
+    // What a renewal means to the holders: the renewed one is not taken over and commits; the
+    // one whose fence moved cannot, and its renewals keep failing.
+    const Reservation again = this->reserve(held, "request", 10s);
+    EXPECT_EQ(again.kind, Reservation::Kind::existing) << "the renewed lease is live";
+    EXPECT_EQ(again.fence, h.fence);
+    EXPECT_EQ(this->store().commit(held, h.fence, "slot", this->writer(held)),
+              CommitStatus::committed);
+    EXPECT_EQ(this->store().commit(moved, m.fence, "slot", this->writer(moved)),
+              CommitStatus::lost_lease);
+    EXPECT_EQ(this->store().extend(std::vector<HeldLease>{{held, h.fence}, {moved, m.fence}}, 1h),
+              0u)
+        << "a lease that was committed or taken over is not renewed";
+    EXPECT_EQ(this->store().extend(std::vector<HeldLease>{{moved, taken.fence}}, 1h), 1u)
+        << "the new holder renews its own";
+    EXPECT_EQ(this->traits_.business_rows(), 2) << "the committed row's and the renewed holder's";
+  }
+}
+
 REGISTER_TYPED_TEST_SUITE_P(
     StoreConformance, FirstReservationAcquiresWithFenceOne,
     SecondReservationFindsTheKeyInFlightAsTheSameRequest,
@@ -1311,7 +1460,10 @@ REGISTER_TYPED_TEST_SUITE_P(
     AGateNeverTakesOverFinishesOrEscalatesAnotherGatesRow,
     QueuesSignalsMismatchesRedrivesAndPurgesSeeOnlyTheirGate,
     AnotherGatesReconcilerNeverFinishesAStrandedRow,
-    AdoptingGivesRowsOfNoGateToOneGateExceptKeysItHolds);
+    AdoptingGivesRowsOfNoGateToOneGateExceptKeysItHolds,
+    RedrivingByKeyLeavesCommittedInFlightAndEscalatedRowsAlone,
+    RedrivingByTimeLeavesCommittedInFlightAndEscalatedRowsAlone,
+    ARenewalExtendsOnlyTheLeasesWhoseFenceStillHolds);
 
 /// @endcond
 }  // namespace idemgate::testing
