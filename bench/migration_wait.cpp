@@ -4,6 +4,8 @@
 // and prints one JSON object: the migration's time, and the writers' latencies before and
 // during it. Usage: migration_wait --pg=URI [--rows=1000000] [--writers=4]
 
+#include "support/earlier_pg_log.hpp"
+
 #include <idemgate/store/postgres.hpp>
 
 #include <algorithm>
@@ -26,31 +28,6 @@ void exec(const std::string& uri, const std::string& sql) {
   pqxx::connection c(uri);
   pqxx::nontransaction tx(c);
   pq::exec(tx, sql);
-}
-
-std::string earlier_schema(const std::string& t) {
-  return "DROP TABLE IF EXISTS " + t + ", " + t + "_mismatches; CREATE TABLE " + t +
-         " (key bytea PRIMARY KEY CHECK (octet_length(key) = 32), status text NOT NULL CHECK"
-         " (status IN ('in_flight', 'committed', 'failed', 'escalated')), fence bigint NOT NULL"
-         " DEFAULT 1 CHECK (fence > 0), lease_until timestamptz NOT NULL, fingerprint bytea NOT"
-         " NULL CHECK (octet_length(fingerprint) = 32), request bytea NOT NULL, result bytea,"
-         " reason text, duplicates bigint NOT NULL DEFAULT 0, holder bigint NOT NULL DEFAULT 0,"
-         " attempts bigint NOT NULL DEFAULT 1, created_at timestamptz NOT NULL DEFAULT now(),"
-         " updated_at timestamptz NOT NULL DEFAULT now(),"
-         " CHECK (status <> 'committed' OR result IS NOT NULL));"
-         "CREATE INDEX " +
-         t + "_in_flight ON " + t +
-         " (lease_until) WHERE status = 'in_flight';"
-         "CREATE INDEX " +
-         t + "_escalated ON " + t +
-         " (updated_at) WHERE status = 'escalated';"
-         "CREATE INDEX " +
-         t + "_created ON " + t +
-         " USING brin (created_at);"
-         "CREATE TABLE " +
-         t +
-         "_mismatches (key bytea NOT NULL, stored bytea NOT NULL, observed"
-         " bytea NOT NULL, source text NOT NULL, at timestamptz NOT NULL DEFAULT now());";
 }
 
 struct Latencies {
@@ -83,7 +60,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string table = "migration_wait_log";
-  exec(uri, earlier_schema(table));
+  exec(uri, "DROP TABLE IF EXISTS " + table + ", " + table + "_mismatches");
+  exec(uri, idemgate::test::earlier_pg_log_schema(table));
   const auto filling = Clock::now();
   exec(uri, "INSERT INTO " + table +
                 " (key, status, lease_until, fingerprint, request, result)"

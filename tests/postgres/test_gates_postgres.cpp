@@ -3,6 +3,7 @@
 // migrating in place while a writer goes on and several replicas migrate at once.
 
 #include "support/child_process.hpp"
+#include "support/earlier_pg_log.hpp"
 #include "support/pg_bookings.hpp"
 #include "support/pg_terminal.hpp"
 #include "support/postgres.hpp"
@@ -122,32 +123,6 @@ TEST_F(TwoServices, EachReconcilerFinishesOnlyItsOwnGatesRowAfterBothWorkersWere
 
 namespace {
 
-/// The log as the earlier version created it: keyed by key alone, no gate column.
-std::string earlier_schema(const std::string& t) {
-  return "CREATE TABLE " + t +
-         " (key bytea PRIMARY KEY CHECK (octet_length(key) = 32), status text NOT NULL CHECK"
-         " (status IN ('in_flight', 'committed', 'failed', 'escalated')), fence bigint NOT NULL"
-         " DEFAULT 1 CHECK (fence > 0), lease_until timestamptz NOT NULL, fingerprint bytea NOT"
-         " NULL CHECK (octet_length(fingerprint) = 32), request bytea NOT NULL, result bytea,"
-         " reason text, duplicates bigint NOT NULL DEFAULT 0, holder bigint NOT NULL DEFAULT 0,"
-         " attempts bigint NOT NULL DEFAULT 1, created_at timestamptz NOT NULL DEFAULT now(),"
-         " updated_at timestamptz NOT NULL DEFAULT now(),"
-         " CHECK (status <> 'committed' OR result IS NOT NULL));"
-         "CREATE INDEX " +
-         t + "_in_flight ON " + t +
-         " (lease_until) WHERE status = 'in_flight';"
-         "CREATE INDEX " +
-         t + "_escalated ON " + t +
-         " (updated_at) WHERE status = 'escalated';"
-         "CREATE INDEX " +
-         t + "_created ON " + t +
-         " USING brin (created_at);"
-         "CREATE TABLE " +
-         t +
-         "_mismatches (key bytea NOT NULL, stored bytea NOT NULL, observed"
-         " bytea NOT NULL, source text NOT NULL, at timestamptz NOT NULL DEFAULT now());";
-}
-
 /// `n` rows of the earlier shape: every tenth in flight under an expired lease, the rest
 /// committed.
 void fill_earlier_log(const std::string& t, int n) {
@@ -165,7 +140,7 @@ void fill_earlier_log(const std::string& t, int n) {
 class EarlierLog : public idemgate::test::PgBookingsTest {};
 
 TEST_F(EarlierLog, MigratesInPlaceWhileAWriterGoesOnAndReplicasMigrateAtOnce) {
-  pg_exec(earlier_schema(log));
+  pg_exec(idemgate::test::earlier_pg_log_schema(log));
   fill_earlier_log(log, 20'000);
   // A writer that goes on during the migration with statements both shapes take.
   std::atomic<bool> done{false};
@@ -239,7 +214,7 @@ TEST_F(EarlierLog, MigratesInPlaceWhileAWriterGoesOnAndReplicasMigrateAtOnce) {
 }
 
 TEST_F(EarlierLog, AdoptingSkipsKeysTheGateAlreadyHolds) {
-  pg_exec(earlier_schema(log));
+  pg_exec(idemgate::test::earlier_pg_log_schema(log));
   fill_earlier_log(log, 10);
   PostgresStore store(uri, {.table = log});
   store.migrate();
