@@ -430,7 +430,7 @@ inline commit_tx() {
 }
 
 #ifdef GROUP
-/* ---- group commit (GateOptions::coalesce): the commits of concurrent calls, one transaction ---- */
+/* ---- group commit (GateOptions::coalesce): concurrent calls' commits in one transaction ---- */
 byte gq;             /* a bit per process whose commit waits for a group */
 byte gm;             /* the running group's members still without an answer */
 byte gdoubt;         /* the members the group's last COMMIT carried, when its reply was lost */
@@ -720,7 +720,10 @@ end_idle:
      :: target == INF -> RUN(release_stmt(), skip, goto pass_done) /* defer */
      fi;
 pass_done:
-     atomic { cur[NW + r] = 0; k = 0; tok = 0; hf = 0; att = 0; n = 0; ans = 0; res = 0; target = 0; got = 0; landed = 0; fin = 0 }
+     atomic {
+       cur[NW + r] = 0; k = 0; tok = 0; hf = 0; att = 0; n = 0; ans = 0; res = 0; target = 0;
+       got = 0; landed = 0; fin = 0
+     }
   od
 }
 
@@ -770,7 +773,10 @@ attempt:
        if
        :: gdoubt != 0 -> /* the last COMMIT's reply was lost: all of it landed, or none */
           how = 0;
-          EACH(gdoubt, if :: rex[k] && rst[k] == COM && rfence[k] == jfence[p] -> how = 1 :: else -> skip fi);
+          EACH(gdoubt, if
+                       :: rex[k] && rst[k] == COM && rfence[k] == jfence[p] -> how = 1
+                       :: else -> skip
+                       fi);
           gdoubt = 0;
           if
           :: how -> EACH(gm, MEMBER_SETTLED(p)); gm = 0; goto group_done /* it landed */
@@ -802,7 +808,8 @@ attempt:
        :: how == 1 || how == 2 || how == 4 -> /* it landed */
           EACH(inc,
                assert(!P7_ && rfence[k] == jfence[p]); /* only the holder of the current fence */
-               biz[k]++; bizout[k] = jout[p]; rst[k] = COM; rout[k] = jout[p]; flush(); invariants())
+               biz[k]++; bizout[k] = jout[p]; rst[k] = COM; rout[k] = jout[p];
+               flush(); invariants())
        :: else -> skip
        fi;
        if
@@ -810,7 +817,8 @@ attempt:
           EACH(gm, if :: inc & (1 << p) -> gres[p] = C_COMMITTED :: else -> MEMBER_SETTLED(p) fi);
           gm = 0; goto group_done
        :: how >= 4 -> /* every call waiting in the coalescer dies with the process */
-          EACH(gm | gq, gres[p] = C_DIED; cur[p] = 0; if :: p < NW -> HB_DROP(p) :: else -> skip fi);
+          EACH(gm | gq, gres[p] = C_DIED; cur[p] = 0;
+                        if :: p < NW -> HB_DROP(p) :: else -> skip fi);
           gm = 0; gq = 0; gdoubt = 0; goto group_done
        :: else -> skip
        fi;
@@ -896,7 +904,8 @@ end_clock:
 #define EXTEND_HUNG(i) \
   rlive[WROW(i)] = 1; dlive[WROW(i)] = 1; \
   if \
-  :: hbcur & (1 << i) -> hbexp[i] = 0; if :: rfence[WROW(i)] == hbfen[i] -> hbx[i] = 0 :: else -> skip fi \
+  :: hbcur & (1 << i) -> \
+     hbexp[i] = 0; if :: rfence[WROW(i)] == hbfen[i] -> hbx[i] = 0 :: else -> skip fi \
   :: else -> skip \
   fi
 #define RENEWING(i) (hbt[i] == 1 && hbh == 0 && !hbl[i])
@@ -935,7 +944,10 @@ end_heartbeat:
   RENEWAL(2)
 #endif
   :: atomic { ANY_RENEWING && FAULT(F_HB) -> faults++; /* a renewal hangs */
-       TICKETS(255, if :: RENEWING(i) -> hbin = hbin | (1 << i); hbinf[i] = hbfen[i] :: else -> skip fi);
+       TICKETS(255, if
+                    :: RENEWING(i) -> hbin = hbin | (1 << i); hbinf[i] = hbfen[i]
+                    :: else -> skip
+                    fi);
        hbh = HB_SENT; hbcur = hbin }
   :: atomic { hbh == HB_SENT -> /* its statement runs */
        TICKETS(hbin, if :: EXTENDS(i, hbinf[i]) -> EXTEND_HUNG(i); hbkept = hbkept | (1 << i)
