@@ -41,4 +41,13 @@ class BusinessWriteError : public StoreError {
   using StoreError::StoreError;
 };
 
+/// Thrown by the NATS JetStream consumer (`consumer/nats.hpp`) when the broker cannot be used:
+/// the server unreachable, JetStream off, a stream or consumer that exists with settings that
+/// cannot be changed. The message says what to do. Errors while settling one message are not
+/// thrown: the message is then redelivered after `AckWait`, and the gate answers it again.
+class NatsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace idemgate
