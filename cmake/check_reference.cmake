@@ -11,7 +11,8 @@ set(options_structs
   "store/sqlite.hpp:SqliteOptions"
   "downstream/http.hpp:HttpOptions"
   "webhook/verification.hpp:WebhookOptions"
-  "metrics/prometheus_cpp.hpp:RegistryOptions")
+  "metrics/prometheus_cpp.hpp:RegistryOptions"
+  "consumer/nats.hpp:JetStreamOptions")
 
 file(READ ${SOURCE_DIR}/docs/reference.md reference)
 set(missing "")

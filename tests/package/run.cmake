@@ -80,6 +80,8 @@ elseif(MODE STREQUAL "package")
       "verbatim in a ```cpp block: make them the same")
   endif()
   consumer(package)
+  step(${work}/consumer_nats)
+  expect("${step_output}" "check that nats-server runs" "the installed NATS consumer's error")
 
   # The installed conformance suite over the consumer's own store: every test passes.
   execute_process(COMMAND ${work}/tally_store_conformance
@@ -172,6 +174,11 @@ Debian package libsqlite3-dev" "a required component whose dependency is missing
   configure(1 "postgres" OFF ON)
   expect("${text}" "the component 'postgres' needs libpqxx with libpq, which was not found: \
 install the Debian package libpqxx-dev" "a required component whose dependency is missing")
+  # libnats made unfindable (Debian 12 offers it through pkg-config only: its CMake config names
+  # a static library the package lacks).
+  configure(1 "nats" OFF ON)
+  expect("${text}" "the component 'nats' needs the NATS C client \\(libnats\\), which was not \
+found: install the Debian package libnats-dev" "a required component whose dependency is missing")
   # As an optional component, the same gap leaves the package found and says what is left out.
   configure(0 "sqlite" ON ON)
   expect("${text}" "optional component left out: the component 'sqlite' needs SQLite 3"
@@ -182,13 +189,13 @@ install the Debian package libpqxx-dev" "a required component whose dependency i
   expect("${text}" "there is no component 'sqlight' \\(there are: postgres, sqlite, http, testing, prometheus"
     "an unknown component")
   # Every component, with its dependencies there.
-  configure(0 "postgres;sqlite;http;testing;prometheus" OFF OFF)
-  foreach(c postgres sqlite http testing prometheus)
+  configure(0 "postgres;sqlite;http;testing;prometheus;nats" OFF OFF)
+  foreach(c postgres sqlite http testing prometheus nats)
     expect("${text}" "component ${c}: found in ${work}/src " "the installed component ${c}")
   endforeach()
   # The same from two sibling directories of one project: each gets every component.
-  configure(0 "postgres;sqlite;http;testing;prometheus" OFF OFF ON)
-  foreach(c postgres sqlite http testing prometheus)
+  configure(0 "postgres;sqlite;http;testing;prometheus;nats" OFF OFF ON)
+  foreach(c postgres sqlite http testing prometheus nats)
     expect("${text}" "component ${c}: found in ${work}/src/a .*component ${c}: found in \
 ${work}/src/b" "the component ${c} in both sibling directories")
   endforeach()
