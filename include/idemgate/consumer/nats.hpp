@@ -187,7 +187,8 @@ struct JetStreamStats {
  *   consumer.declare();
  *   std::thread loop([&] { consumer.run(sigterm); });
  *   sigterm.wait();
- *   if (!idemgate::stop_gracefully(std::chrono::seconds(20), gate).clean()) consumer.hand_back();
+ *   // stop_gracefully (found by argument-dependent lookup) stops the gate first:
+ *   if (!stop_gracefully(std::chrono::seconds(20), gate).clean()) consumer.hand_back();
  *   loop.join();
  */
 template <class GateType>
