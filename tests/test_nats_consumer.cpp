@@ -516,6 +516,7 @@ TEST_F(NatsJetStream, TheServersMaxDeliveriesAdvisoryLandsInTheDeadLetterStream)
   const auto letters = broker->letters(options.dead_letter_stream_name());
   EXPECT_EQ(letters[0].subject, options.max_deliveries_advisory());
   EXPECT_NE(letters[0].data.find("\"stream_seq\":1"), std::string::npos) << letters[0].data;
+  EXPECT_EQ(broker->messages(options.stream), 1u) << "the message stays where a human reads it";
   EXPECT_EQ(bookings.size(), 0u);
 }
 
