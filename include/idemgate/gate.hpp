@@ -230,8 +230,14 @@ class Gate {
    * The key is the same either way: turning labels on or off never changes a key.
    *
    * Example:
-   *   auto key = idemgate::derive_labelled_key("ect.claim_slot", n.notification_id, n.container);
-   *   auto result = gate.process(key, request);  // label: "ect.claim_slot CIS-… MSKU…"
+   *   idemgate::Gate gate{"ect.claim_slot", store, terminal,
+   *                       [](pqxx::work& tx, const SlotRequest& r, const std::string& slot) {
+   *                         book(tx, r, slot);
+   *                       },
+   *                       {.keep_labels = true}};
+   *   auto key = idemgate::derive_labelled_key("ect.claim_slot", n.notification_id,
+   *                                            n.equipment_number);  // "ect.claim_slot CIS-…
+   * MSKU…" auto result = gate.process(key, SlotRequest{n.equipment_number, n.preferred_window});
    */
   result_type process(const LabelledKey& key, const request_type& request) {
     if constexpr (labelling_store<Store>) {

@@ -161,8 +161,9 @@ struct LabelledKey {
  * when `GateOptions::keep_labels` is on. Allocates the label; `derive_key` allocates nothing.
  *
  * Example:
- *   auto key = idemgate::derive_labelled_key("ect.claim_slot", n.notification_id, n.container);
- *   // key.key == idemgate::derive_key("ect.claim_slot", n.notification_id, n.container)
+ *   auto key = idemgate::derive_labelled_key("ect.claim_slot", n.notification_id,
+ *                                            n.equipment_number);
+ *   // key.key == idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number)
  */
 template <class... Parts>
 requires(sizeof...(Parts) > 0 && (std::is_convertible_v<const Parts&, std::string_view> && ...))

@@ -722,9 +722,6 @@ class PostgresStore {
   /// Re-drives up to `limit` failed rows of this gate whose reason is exactly `reason`, oldest
   /// failure first, as `redrive_failed(key)` does (rows another session is changing are
   /// skipped); returns how many changed. The rows' history keeps the reason.
-  ///
-  /// Example:
-  ///   store.redrive_cause("401 token expired", 1000);
   std::size_t redrive_cause(std::string_view reason, std::size_t limit) {
     const std::string reason_text(reason);
     return run([&](Lease& c) {

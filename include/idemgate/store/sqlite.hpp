@@ -651,12 +651,14 @@ class SqliteStore {
     });
   }
 
-  /// Re-drives up to `limit` failed rows of this gate whose reason is exactly `reason`, oldest
-  /// failure first, as `redrive_failed(key)` does; returns how many changed. The rows' history
-  /// keeps the reason.
-  ///
-  /// Example:
-  ///   store.redrive_cause("401 token expired", 1000);
+  /**
+   * Re-drives up to `limit` failed rows of this gate whose reason is exactly `reason`, oldest
+   * failure first, as `redrive_failed(key)` does; returns how many changed. The rows' history
+   * keeps the reason.
+   *
+   * Example:
+   *   store.redrive_cause("401 token expired", 1000);
+   */
   std::size_t redrive_cause(std::string_view reason, std::size_t limit) {
     return run("re-driving a cause", nullptr, [&] {
       begin();
