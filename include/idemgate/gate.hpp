@@ -209,9 +209,23 @@ class Gate {
   /**
    * Processes one delivery of an event: the four steps, in order.
    *
-   * Throws `RequestError` for an unusable request (nothing written), `StoreError` when the store
-   * fails (do not ack: a redelivery or the reconciler finishes the event), and whatever the
-   * business write throws (its transaction is rolled back; the row stays in flight).
+   * When it throws, there is no result: do not ack the message. The redelivery (or the
+   * reconciler) finishes the event, or answers it from the log when its commit did land (a
+   * commit whose confirmation was lost, an observer that threw afterwards). What can leave it:
+   * - `RequestError`: the request does not encode, or its bytes are over
+   *   `GateOptions::max_request_bytes`. Nothing was reserved; the same message fails the same
+   *   way, so dead-letter it rather than retry it as is.
+   * - `StoreError`: the store cannot do its work (the database unreachable or its connection
+   *   lost, a commit whose fate could not be confirmed, the log's table missing). Its subclass
+   *   `BusinessWriteError`: the business write broke the store's transaction.
+   * - what the business write throws, unchanged: its own exceptions, its SQL errors (a
+   *   `StoreError` on SQLite, a `pqxx::sql_error` on PostgreSQL). Its transaction was rolled
+   *   back and the event's lease ended, so the redelivery takes the event over at once.
+   * - what the outcome's codec throws (`CodecError`, by convention) while it encodes the
+   *   downstream's outcome or decodes a stored one to answer a duplicate;
+   * - what the observer throws, and `std::bad_alloc`.
+   * The downstream's exceptions (those derived from `std::exception`) never leave: a `claim`
+   * that throws is a transient failure, answered `retry`.
    *
    * While the downstream is called and the outcome committed, the gate's heartbeat keeps the
    * lease alive. When it lost the lease meanwhile (a renewal found the fence gone, or renewals
@@ -265,6 +279,15 @@ class Gate {
    * Messages with the same key in one batch are processed once; the others get its answer as
    * `duplicate`. A message whose request cannot be encoded gets `failed` (nothing written).
    * A business write that throws leaves its event in flight and its message to `retry`.
+   *
+   * When it throws, there is no result for any message: ack none of them. Every lease the batch
+   * held was given back; the redeliveries finish the events, or answer them from the log where
+   * a commit did land.
+   * What can leave it: `StoreError` when the store fails for the batch (its reservation,
+   * storing a permanent failure or an escalation, a batch commit that failed on every attempt;
+   * never one business write's error), what the outcome's codec throws, what the observer
+   * throws, and `std::bad_alloc`. `RequestError` and the business write's exceptions do not
+   * leave: they become `failed` and `retry` for their own message.
    */
   BatchResult<outcome_type> process_batch(std::span<const BatchMessage<request_type>> messages) {
     const auto started = std::chrono::steady_clock::now();

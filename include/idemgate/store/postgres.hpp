@@ -211,18 +211,32 @@ static_assert(log_row<PqRow>);
 /**
  * Runs one parameterised statement in a business write's transaction (`PostgresStore::transaction`,
  * or any libpqxx transaction): `$1`, `$2`, … take `args` in order, converted as libpqxx converts
- * them (strings, integers, floating point, bool, `std::optional` for NULL from 7.x on). Returns
- * the result.
+ * them (strings, integers, floating point, bool, `std::optional` for NULL from 7.x on); an
+ * `idemgate::Key` binds as a `bytea` (its 32 raw bytes). Returns the result.
  *
  * The same call on every libpqxx this store supports: `tx.exec_params` is deprecated from 7.10
  * on, and `tx.exec(sql, pqxx::params{...})` does not exist in 6.4.
  *
  * Example:
- *   idemgate::exec_params(tx, "INSERT INTO tms_bookings VALUES ($1, $2)", container, slot);
+ *   idemgate::exec_params(tx, "INSERT INTO tms_bookings VALUES ($1, $2, $3)", container, slot,
+ *                         key);
  */
 template <class Transaction, class... Args>
 pqxx::result exec_params(Transaction& tx, const std::string& sql, Args&&... args) {
   return detail::pq::exec_params(tx, sql, std::forward<Args>(args)...);
+}
+
+/**
+ * Runs a statement prepared on the transaction's connection (`connection.prepare(name, sql)`)
+ * with `args` as its parameters, converted as in `exec_params` (a `Key` binds as a `bytea`).
+ * Returns the result. The same call on every libpqxx this store supports.
+ *
+ * Example:
+ *   const auto found = idemgate::exec_prepared(tx, "booking_by_event", key);
+ */
+template <class Transaction, class... Args>
+pqxx::result exec_prepared(Transaction& tx, const std::string& name, Args&&... args) {
+  return detail::pq::exec_prepared(tx, name, std::forward<Args>(args)...);
 }
 
 /**
