@@ -80,6 +80,16 @@ concept lease_extending_store = store<S> &&
   { s.extend(held, lease) } -> std::same_as<std::size_t>;
 };
 
+/// Concept: a store that renews held leases in one call and says, per lease, whether it was
+/// extended, its fence is gone, or its row was busy (locked by another transaction: a renewal
+/// never waits behind a commit's row locks). The gate's heartbeat uses it where a store has it;
+/// otherwise it uses `extend`, and one `extend` per lease when fewer were extended than asked.
+template <class S>
+concept lease_renewing_store = lease_extending_store<S> &&
+    requires(S& s, std::span<const HeldLease> held, std::chrono::milliseconds lease) {
+  { s.renew(held, lease) } -> std::same_as<std::vector<LeaseRenewal>>;
+};
+
 /// Concept: a store whose failed events an operator can re-drive: the row goes back in flight
 /// under a new fence with its lease ended, so the next delivery or the reconciler claims again
 /// under the same key.

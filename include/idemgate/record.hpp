@@ -242,6 +242,14 @@ struct HeldLease {
   std::int64_t fence = 0;
 };
 
+/// What one renewal (`renew`) found for one held lease.
+enum class LeaseRenewal {
+  extended,  ///< The fence still held: the lease now runs `lease` from the renewal.
+  gone,      ///< The fence no longer holds (taken over, or settled): nothing to renew any more.
+  busy,      ///< Another transaction was writing the row (a commit of it under way, or a
+             ///< takeover): not extended, and not known to be lost. The next renewal tells.
+};
+
 /// One key of a batch reservation.
 struct ReserveItem {
   /// The idempotency key.

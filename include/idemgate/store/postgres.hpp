@@ -613,9 +613,22 @@ class PostgresStore {
   }
 
   /// Extends the leases the caller still holds to `lease` from now, in one statement; returns how
-  /// many it extended (a lease taken over meanwhile is not).
+  /// many it extended (a lease taken over meanwhile is not, nor one whose row another
+  /// transaction is writing: see `renew`).
   std::size_t extend(std::span<const HeldLease> held, std::chrono::milliseconds lease) {
-    if (held.empty()) return 0;
+    const std::vector<LeaseRenewal> renewed = renew(held, lease);
+    return static_cast<std::size_t>(
+        std::count(renewed.begin(), renewed.end(), LeaseRenewal::extended));
+  }
+
+  /// Renews the leases the caller still holds to `lease` from now, in one statement, on the
+  /// renewal connection; says per lease (in order) whether it was extended, its fence is gone,
+  /// or its row was busy: another transaction was writing it (a commit group's members are
+  /// locked until its COMMIT), and the renewal skipped it instead of waiting, so that one busy
+  /// row never holds up the renewal of every other lease.
+  std::vector<LeaseRenewal> renew(std::span<const HeldLease> held,
+                                  std::chrono::milliseconds lease) {
+    if (held.empty()) return {};
     std::vector<std::string_view> keys;
     std::vector<std::int64_t> fences;
     for (const HeldLease& h : held) {
@@ -627,8 +640,21 @@ class PostgresStore {
     const std::int64_t lease_ms = detail::sql_duration<std::chrono::milliseconds>(lease);
     return run_on(renewal_pool_, [&](Lease& c) {
       pqxx::nontransaction tx(c.connection());
-      return static_cast<std::size_t>(detail::pq::affected_rows(
-          exec_prepared(c, tx, Statement::extend, key_array, fence_array, lease_ms)));
+      const pqxx::result rows =
+          exec_prepared(c, tx, Statement::extend, key_array, fence_array, lease_ms);
+      std::vector<LeaseRenewal> renewed;
+      renewed.reserve(held.size());
+      for (const auto& row : rows) {
+        const char state = row[0].c_str()[0];
+        renewed.push_back(state == 'e'   ? LeaseRenewal::extended
+                          : state == 'b' ? LeaseRenewal::busy
+                                         : LeaseRenewal::gone);
+      }
+      if (renewed.size() != held.size())
+        throw StoreError("idemgate: renewing " + std::to_string(held.size()) + " leases answered " +
+                         std::to_string(renewed.size()) +
+                         " rows; is the log's table what this version expects? (run migrate())");
+      return renewed;
     });
   }
 
@@ -895,7 +921,8 @@ class PostgresStore {
     std::string purge;
     /// Reserves many keys in one statement.
     std::string reserve_batch;
-    /// Extends leases still held.
+    /// Renews leases still held, skipping rows another transaction is writing; one row per
+    /// lease, in order: 'e' extended, 'g' fence gone, 'b' busy.
     std::string extend;
     /// A no-op update whose synchronous commit flushes the WAL (relaxed reservations).
     std::string make_durable;
@@ -1097,11 +1124,28 @@ class PostgresStore {
     };
     s.reserve_batch = reserve_batch(false);
     s.reserve_batch_labelled = reserve_batch(true);
-    s.extend = "UPDATE " + t +
-               " AS log SET lease_until = now() + $4::bigint * interval '1 millisecond'"
-               " FROM unnest($2::bytea[], $3::bigint[]) AS v(key, fence)"
-               " WHERE log.gate = $1::text AND log.key = v.key AND log.fence = v.fence"
-               " AND log.status = 'in_flight'";
+    // A row another transaction is writing (a commit group's fenced update holds its row until
+    // COMMIT) is skipped, not waited for: one renewal renews every lease of the gate, and waiting
+    // on one row would leave all the others unrenewed. The snapshot read tells a skipped row
+    // (still held under the fence as last committed: busy) from one whose fence is gone.
+    const std::string held_rows =
+        "SELECT * FROM unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS v(key, fence, n)";
+    const std::string held_here =
+        " AS log WHERE log.gate = $1::text AND log.key = held.key"
+        " AND log.fence = held.fence AND log.status = 'in_flight'";
+    const std::string free_rows = "SELECT log.key FROM " + t + " AS log JOIN held" +
+                                  " ON log.key = held.key AND log.fence = held.fence" +
+                                  " WHERE log.gate = $1::text AND log.status = 'in_flight'" +
+                                  " FOR UPDATE OF log SKIP LOCKED";
+    const std::string extend_free =
+        "UPDATE " + t + " AS log" +
+        " SET lease_until = now() + $4::bigint * interval '1 millisecond'" +
+        " FROM free WHERE log.gate = $1::text AND log.key = free.key RETURNING log.key";
+    s.extend = "WITH held AS (" + held_rows + "), free AS (" + free_rows + "), extended AS (" +
+               extend_free + ") SELECT CASE" +
+               " WHEN EXISTS (SELECT 1 FROM extended WHERE extended.key = held.key) THEN 'e'" +
+               " WHEN EXISTS (SELECT 1 FROM " + t + held_here + ") THEN 'b' ELSE 'g' END" +
+               " FROM held ORDER BY held.n";
     // The history keeps the reason the re-drive clears.
     const std::string redrive = "UPDATE " + t +
                                 " SET status = 'in_flight', fence = fence + 1,"
@@ -2163,6 +2207,7 @@ static_assert(store<PostgresStore>);
 static_assert(monitored_store<PostgresStore>);
 static_assert(explaining_store<PostgresStore>);
 static_assert(lease_extending_store<PostgresStore>);
+static_assert(lease_renewing_store<PostgresStore>);
 static_assert(redrivable_store<PostgresStore>);
 static_assert(labelling_store<PostgresStore>);
 static_assert(operable_store<PostgresStore>);
