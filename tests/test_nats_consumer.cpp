@@ -310,6 +310,25 @@ TEST_F(NatsJetStream, DeclareSetsAckWaitMaxDeliverAndMaxAckPendingOnTheDurableCo
   EXPECT_EQ(broker->messages(options.dead_letter_stream_name()), 0u);
 }
 
+TEST_F(NatsJetStream, AStreamJetStreamCannotChangeFailsDeclareSayingWhatToDo) {
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
+  JetStreamConsumer consumer{gate, options, decode};
+  consumer.declare();
+  options.file_storage = !options.file_storage;
+  JetStreamConsumer other{gate, options, decode};
+  try {
+    other.declare();
+    ADD_FAILURE() << "declare() changed the storage of an existing stream";
+  } catch (const idemgate::NatsError& e) {
+    EXPECT_NE(std::string(e.what()).find("creating the stream " + options.stream),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("storage and retention cannot be changed"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(NatsJetStream, AMaxDeliverNotAboveThePoisonLimitIsRefused) {
   options.max_deliver = 3;
   Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
