@@ -91,7 +91,9 @@ int main(int argc, char** argv) {
                         idemgate::test::PgBookingWriter{"bookings"}, gate_options};
     idemgate::ReconcilerOptions reconciler_options;
     reconciler_options.interval = 300ms;
-    reconciler_options.stale_after = 0ms;
+    // Above max_deliveries x retry delay: a poison message reaches the dead-letter stream before
+    // the reconciler takes its event over (its redeliveries would then be answered in_flight).
+    reconciler_options.stale_after = 5s;
     idemgate::Reconciler reconciler{gate, reconciler_options};
     reconciler.start();
 

@@ -464,11 +464,20 @@ TEST_F(NatsJetStream, AGateThatThrowsHasItsBatchRedeliveredNeverAckedNorDeadLett
   options.poison.max_deliveries = 1;  // even past the poison limit: an outage is no poison
   JetStreamConsumer consumer{gate, options, decode};
   consumer.declare();
+  std::map<std::uint64_t, std::vector<std::chrono::steady_clock::time_point>> deliveries;
+  consumer.on_settled([&](const idemgate::consumer::JetStreamSettled& s) {
+    deliveries[s.stream_sequence].push_back(std::chrono::steady_clock::now());
+  });
   publish("N1", "MSKU1");
   publish("N2", "MSKU2");
   ASSERT_TRUE(poll_until(
-      consumer, [&] { return consumer.stats().redelivered >= 4; }, 10s));
+      consumer, [&] { return consumer.stats().redelivered >= 6; }, 10s));
   EXPECT_EQ(consumer.stats().acked, 0u);
+  // The delay doubles while the outage lasts: 300 ms, then 600 ms.
+  const auto& first = deliveries[1];
+  ASSERT_GE(first.size(), 3u);
+  EXPECT_GE(first[2] - first[1], 550ms) << "the outage delay did not grow";
+  EXPECT_LT(first[1] - first[0], 550ms);
   EXPECT_EQ(consumer.stats().dead_lettered, 0u);
   observer.failing = false;
   ASSERT_TRUE(poll_until(
@@ -695,18 +704,36 @@ TEST_F(NatsKillAndRestart, EveryNotificationIsBookedExactlyOnceAndPoisonIsDeadLe
     broker->publish(subject, "CIS-" + std::to_string(100 + i) + "|TGHU" + std::to_string(i) + "|w");
   }
 
+  // The poison events stay in the log for the reconciler (in flight, then escalated after its
+  // max_attempts); every other event must be finished.
+  std::string poison_keys;
+  for (int i = 0; i < 5; ++i)
+    poison_keys += std::string(i == 0 ? "" : ", ") + "decode('" +
+                   idemgate::derive_key("ect.claim_slot", "POISON-" + std::to_string(i)).hex() +
+                   "', 'hex')";
+  const std::string unfinished =
+      "SELECT count(*) FROM idemgate_log WHERE status = 'in_flight'"
+      " AND key NOT IN (" +
+      poison_keys + ")";
   const bool settled = eventually(
       [&] {
         if (count("SELECT count(*) FROM bookings") < 1000) return false;
-        if (count("SELECT count(*) FROM idemgate_log WHERE status = 'in_flight'") != 0)
-          return false;
+        if (count(unfinished) != 0) return false;
         const auto state = broker->consumer(stream, "booker");
         return state.ack_pending == 0 && state.pending == 0 &&
                broker->messages(stream + "_DEAD") >= 10;
       },
       90s);
   EXPECT_TRUE(settled) << "bookings " << count("SELECT count(*) FROM bookings") << ", in flight "
-                       << count("SELECT count(*) FROM idemgate_log WHERE status = 'in_flight'");
+                       << count(unfinished) << ", unacknowledged "
+                       << broker->consumer(stream, "booker").ack_pending << ", undelivered "
+                       << broker->consumer(stream, "booker").pending << ", dead letters "
+                       << broker->messages(stream + "_DEAD");
+  if (!settled) {
+    for (const auto& consumer : consumers)
+      for (const auto& line : consumer->lines())
+        if (line.text.find("POISON") != std::string::npos) ADD_FAILURE() << line.text;
+  }
   EXPECT_EQ(count("SELECT count(*) FROM bookings"), 1000);
   EXPECT_EQ(count("SELECT count(DISTINCT source_event) FROM bookings"), 1000)
       << "a notification booked twice";
@@ -725,6 +752,10 @@ TEST_F(NatsKillAndRestart, EveryNotificationIsBookedExactlyOnceAndPoisonIsDeadLe
   EXPECT_EQ(dead["retry"].size(), 5u);
   EXPECT_EQ(dead["conflict"].size(), 5u);
   EXPECT_EQ(dead.size(), 2u);
+  EXPECT_EQ(count("SELECT count(*) FROM idemgate_log WHERE key IN (" + poison_keys +
+                  ") AND status IN ('in_flight', 'escalated')"),
+            5)
+      << "a poison event left the log's hands";
 
   for (auto& consumer : consumers) consumer->signal(SIGTERM);
   for (auto& consumer : consumers) {

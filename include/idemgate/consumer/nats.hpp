@@ -70,8 +70,12 @@ struct JetStreamOptions {
   /// When a message counts as poison (`disposition`).
   PoisonPolicy poison;
   /// The delay of a redelivery asked for by `retry` (NakWithDelay): the broker's own delay, so
-  /// that a failing downstream is not asked again at once.
-  std::chrono::milliseconds retry_delay{2'000};
+  /// that a failing downstream is not asked again at once. Keep `poison.max_deliveries` times it
+  /// below the reconciler's `ReconcilerOptions::stale_after` (10 s by default): a transient
+  /// failure gives the event's lease back, and once the reconciler takes the event, its
+  /// redeliveries are answered `in_flight` and acked, and the reconciler (not the dead-letter
+  /// stream) ends up with a poison event, escalating it after `max_attempts`.
+  std::chrono::milliseconds retry_delay{500};
   /// How many messages one fetch takes at most; they go through `Gate::process_batch` together.
   std::uint32_t batch = 16;
   /// How long one fetch waits for messages; also how soon a stop is noticed while idle.
@@ -171,7 +175,8 @@ struct JetStreamStats {
  *   (`Term`). Data the function cannot decode is dead-lettered the same way.
  *
  * When the gate throws (the database is down), no message of the batch is acked or
- * dead-lettered: each is redelivered after `retry_delay`. While the gate holds a batch, the
+ * dead-lettered: each is redelivered after `retry_delay`, doubled for each earlier delivery, at
+ * most `ack_wait`. While the gate holds a batch, the
  * messages are kept from redelivery by `InProgress` every third of `AckWait`.
  *
  * One thread runs the loop (`run` or `poll_once`); `hand_back` and `stats` may be called from
@@ -521,9 +526,11 @@ class JetStreamConsumer {
       }
       case Disposition::redeliver: {
         const bool at_once = gate_.stopping();
-        const natsStatus s =
-            at_once ? natsMsg_Nak(item.message, nullptr)
-                    : natsMsg_NakWithDelay(item.message, options_.retry_delay.count(), nullptr);
+        // No answer (the gate threw): the delay doubles with each delivery, up to AckWait, so
+        // that a database outage does not use up MaxDeliver in seconds.
+        const auto delay = status ? options_.retry_delay : outage_delay(item.delivery.deliveries);
+        const natsStatus s = at_once ? natsMsg_Nak(item.message, nullptr)
+                                     : natsMsg_NakWithDelay(item.message, delay.count(), nullptr);
         settled = s == NATS_OK;
         if (settled)
           stats_.redelivered.fetch_add(1);
@@ -596,6 +603,13 @@ class JetStreamConsumer {
       return false;
     }
     return true;
+  }
+
+  // retry_delay doubled for each delivery after the first, at most AckWait.
+  std::chrono::milliseconds outage_delay(std::uint64_t deliveries) const {
+    auto delay = options_.retry_delay;
+    for (std::uint64_t d = 1; d < deliveries && delay < options_.ack_wait; ++d) delay *= 2;
+    return std::min(delay, options_.ack_wait);
   }
 
   // A header value on one line, of bounded length.
