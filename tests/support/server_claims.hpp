@@ -74,6 +74,7 @@ struct PgClaims {
   [[nodiscard]] PostgresStore open() const {
     PostgresOptions o;
     o.table = table;
+    o.pool_size = 8;  // a handler holds a connection while it runs: room for the others
     return PostgresStore{uri, o};
   }
   std::int64_t insert(pqxx::work& tx, const std::string& client) const {
