@@ -158,6 +158,18 @@ TEST_F(SqliteServer, AMalformedKeyOrBodyIs400AndRunsNothing) {
   EXPECT_EQ(api.handler_runs(), 0);
 }
 
+TEST_F(SqliteServer, TwoKeyHeaderLinesAre400AndRunNothing) {
+  InProcessClaims<SqliteClaims> api(claims, {});
+  httplib::Client c("127.0.0.1", api.port());
+  const auto r = c.Post(
+      "/claims", {{"X-Client", "acme"}, {"Idempotency-Key", "\"a\""}, {"Idempotency-Key", "\"b\""}},
+      R"({"n":1})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("idempotency-key-malformed"), std::string::npos);
+  EXPECT_EQ(api.handler_runs(), 0);
+}
+
 TEST_F(SqliteServer, KeysAreScopedPerClient) {
   InProcessClaims<SqliteClaims> api(claims, {});
   const auto acme = post_claim(api.port(), "\"same\"", R"({"n":1})", "acme");

@@ -20,6 +20,8 @@ static_assert(server::answering_store<PostgresStore>);
 
 struct PostgresServer : ::testing::Test {
   PgClaims claims{pg_uri(), unique_table("srv")};
+  PostgresServer() { claims.drop(); }
+  ~PostgresServer() override { claims.drop(); }
 };
 
 TEST_F(PostgresServer, SixteenConcurrentRequestsRunTheHandlerOnce) {

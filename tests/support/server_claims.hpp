@@ -65,6 +65,13 @@ struct PgClaims {
                              "_claims (id BIGSERIAL PRIMARY KEY, client TEXT)");
     tx.commit();
   }
+  /// Drops the log and the claims table of this test.
+  void drop() const {
+    pqxx::connection c(uri);
+    pqxx::nontransaction tx(c);
+    detail::pq::exec(tx, "DROP TABLE IF EXISTS " + table + ", " + table + "_mismatches, " + table +
+                             "_claims");
+  }
   [[nodiscard]] std::int64_t count() const {
     pqxx::connection c(uri);
     pqxx::nontransaction tx(c);

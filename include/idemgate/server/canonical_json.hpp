@@ -359,7 +359,8 @@ class JsonCanonicalizer {
  * rather than fingerprinted.
  *
  * Example:
- *   canonical_json(R"({ "b": 1, "a": "\u0041" })").text == R"({"a":"A","b":1})"
+ *   const auto c = idemgate::server::canonical_json(R"({ "b": 1, "a": "\u0041" })");
+ *   // c.ok, and c.text == R"({"a":"A","b":1})"
  */
 [[nodiscard]] inline CanonicalJson canonical_json(std::string_view text) {
   return detail::JsonCanonicalizer(text).run();

@@ -113,10 +113,12 @@ struct EndpointOptions {
  * `Retry-After` while the first request runs, `503` when the store fails, `500` when the handler
  * throws. Handler answers below 500 are stored; a 5xx or a throw rolls back and stores nothing.
  *
- * Thread-safe as its store is. Example:
+ * Thread-safe as its store is.
+ *
+ * Example:
  *   idemgate::server::Endpoint orders{"orders.api", store};
- *   auto response = orders.handle(request, [](idemgate::SqliteTransaction& tx,
- *                                              const idemgate::server::Request& r) {
+ *   const auto response = orders.handle(request, [](idemgate::SqliteTransaction& tx,
+ *                                                    const idemgate::server::Request& r) {
  *     tx.exec("INSERT INTO orders (body) VALUES (?)", r.body);
  *     return idemgate::server::Response{201, {{"Content-Type", "application/json"}}, "{}"};
  *   });

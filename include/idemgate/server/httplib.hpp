@@ -12,13 +12,21 @@
 namespace idemgate::server {
 
 /// The endpoint's request for a cpp-httplib request, from `client` (the target is the path,
-/// without the query).
+/// without the query). Several `Idempotency-Key` lines are combined into one value, which
+/// `Endpoint` refuses with 400.
 [[nodiscard]] inline Request to_request(const httplib::Request& req, std::string client) {
   Request out;
   out.method = req.method;
   out.target = req.path;
-  if (req.has_header("Idempotency-Key"))
-    out.idempotency_key = req.get_header_value("Idempotency-Key");
+  // Several field lines are combined as HTTP combines them ("a, b"), which no key reads as:
+  // the draft allows one per request.
+  const std::size_t lines = req.get_header_value_count("Idempotency-Key");
+  for (std::size_t i = 0; i < lines; ++i) {
+    if (!out.idempotency_key)
+      out.idempotency_key = req.get_header_value("Idempotency-Key", i);
+    else
+      *out.idempotency_key += ", " + req.get_header_value("Idempotency-Key", i);
+  }
   out.content_type = req.get_header_value("Content-Type");
   out.body = req.body;
   out.client = std::move(client);
@@ -44,9 +52,8 @@ inline void write_response(const Response& response, httplib::Response& res) {
  * const Request&) -> Response` runs once per key.
  *
  * Example:
- *   idemgate::server::serve(http, "POST", "/orders", orders,
- *                           [](const httplib::Request& r) { return r.get_header_value("X-Account");
- * }, place_order);
+ *   auto account = [](const httplib::Request& r) { return r.get_header_value("X-Account"); };
+ *   idemgate::server::serve(http, "POST", "/orders", orders, account, place_order);
  */
 template <class Store, class ClientOf, class Handler>
 void serve(httplib::Server& server, const std::string& method, const std::string& pattern,

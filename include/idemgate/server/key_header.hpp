@@ -35,7 +35,8 @@ struct KeyHeader {
  * key must be 1 to `rules.max_length` characters.
  *
  * Example:
- *   read_key_header(R"( "8e03978e-40d5" )").key == "8e03978e-40d5"
+ *   const auto header = idemgate::server::read_key_header(R"( "8e03978e-40d5" )");
+ *   // header.ok, and header.key == "8e03978e-40d5"
  */
 [[nodiscard]] inline KeyHeader read_key_header(std::string_view value,
                                                const KeyHeaderRules& rules) {
