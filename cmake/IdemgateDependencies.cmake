@@ -78,6 +78,8 @@ idemgate_component(sqlite DEBIAN libsqlite3-dev NEEDS "SQLite 3"
   FIND SQLite3 SQLite::SQLite3 sqlite3)
 idemgate_component(http DEBIAN libcpp-httplib-dev NEEDS "cpp-httplib with OpenSSL"
   FIND httplib httplib::httplib cpp-httplib OpenSSL OpenSSL::SSL libssl)
+idemgate_component(beast DEBIAN libboost-dev NEEDS "Boost.Beast (the Boost headers)"
+  FIND Boost Boost::headers -)
 idemgate_component(testing DEBIAN libgtest-dev NEEDS "GoogleTest"
   FIND GTest GTest::gtest gtest)
 idemgate_component(prometheus DEBIAN prometheus-cpp-dev NEEDS "prometheus-cpp"

@@ -18,7 +18,7 @@ int serve(const Claims& claims, const std::string& mode) {
   store.migrate();
   claims.create();
   idemgate::server::EndpointOptions options;
-  options.lease = std::chrono::seconds(1);
+  options.lease = std::chrono::seconds(3);
   idemgate::server::Endpoint endpoint{"claims.api", store, options};
   const auto client_of = [](const httplib::Request& r) { return r.get_header_value("X-Client"); };
   httplib::Server http;

@@ -13,6 +13,7 @@ IDEMGATE_PACKAGES=(
   prometheus prometheus-cpp-dev doxygen
   spin patch
   rabbitmq-server librabbitmq-dev
+  curl python3-requests libboost-dev
 )
 
 idemgate_log() { printf '==> %s\n' "$*" >&2; }

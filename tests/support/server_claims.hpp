@@ -69,8 +69,8 @@ struct PgClaims {
   void drop() const {
     pqxx::connection c(uri);
     pqxx::nontransaction tx(c);
-    detail::pq::exec(tx, "DROP TABLE IF EXISTS " + table + ", " + table + "_mismatches, " + table +
-                             "_claims");
+    detail::pq::exec(
+        tx, "DROP TABLE IF EXISTS " + table + ", " + table + "_mismatches, " + table + "_claims");
   }
   [[nodiscard]] std::int64_t count() const {
     pqxx::connection c(uri);
