@@ -32,6 +32,7 @@ namespace idemgate::server {
 /// Stands in for a handler when checking a store's `commit_computed`.
 template <class Transaction>
 struct ProduceProbe {
+  /// Produces an empty result.
   std::string operator()(Transaction&) const { return {}; }
 };
 
@@ -286,10 +287,11 @@ class Endpoint {
   }
 
   Response in_progress() const {
-    Response r = problem(409, "idempotency-key-in-progress", "A request with this key is running",
-                         "The first request under this Idempotency-Key is still being "
-                         "processed. Retry after the Retry-After delay; it will be answered "
-                         "with that request's response.");
+    Response r =
+        problem(409, "idempotency-key-in-progress", "A request with this key is in progress",
+                "The first request under this Idempotency-Key is still being "
+                "processed. Retry after the Retry-After delay; it will be answered "
+                "with that request's response.");
     r.set_header("Retry-After", std::to_string(options_.retry_after.count()));
     return r;
   }
