@@ -24,10 +24,13 @@ struct CanonicalJson {
 
 namespace detail {
 
+/// Parses one JSON text and writes its canonical form (see `canonical_json`).
 class JsonCanonicalizer {
  public:
+  /// A canonicalizer of `in`, which must outlive it.
   explicit JsonCanonicalizer(std::string_view in) : in_(in) {}
 
+  /// The canonical form of the whole text, or why there is none.
   CanonicalJson run() {
     CanonicalJson out;
     skip_space();
