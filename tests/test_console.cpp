@@ -363,6 +363,41 @@ TEST(Console, RefusesAShortTokenAndAnUnusablePrefix) {
       idemgate::console::mount(server, "/ops/console.v1", gate, {.bearer_token = token}));
 }
 
+TEST_F(ConsoleOverHttp, SigningOutClearsTheCookie) {
+  const std::string cookie = session_cookie();
+  auto c = client();
+  const auto res = c.Post(std::string(prefix) + "/logout",
+                          {{"Cookie", cookie}, {"X-Idemgate-Console", "1"}}, "", "text/plain");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  const std::string set = res->get_header_value("Set-Cookie");
+  EXPECT_EQ(set.rfind("idemgate_console=;", 0), 0u) << set;
+  EXPECT_NE(set.find("Max-Age=0"), std::string::npos) << set;
+}
+
+TEST(Console, TheSessionCookieIsSecureUnlessTurnedOff) {
+  idemgate::test::sqlite::TempDir dir;
+  idemgate::SqliteStore store{dir.file("c.db")};
+  store.migrate();
+  tc::Terminal terminal;
+  tc::ConsoleGate gate{std::string(tc::gate_name), store, terminal, tc::Book{}};
+  const auto set_cookie = [&](ConsoleOptions options) {
+    idemgate::console::Console console{gate, "/ops", std::move(options)};
+    idemgate::console::ConsoleRequest request;
+    request.method = "GET";
+    request.path = "/";
+    request.query.emplace("token", token);
+    const auto response = console.handle(request);
+    EXPECT_EQ(response.status, 303);
+    for (const auto& [name, value] : response.headers)
+      if (name == "Set-Cookie") return value;
+    return std::string();
+  };
+  EXPECT_NE(set_cookie({.bearer_token = token}).find("; Secure"), std::string::npos);
+  EXPECT_EQ(set_cookie({.bearer_token = token, .secure_cookie = false}).find("Secure"),
+            std::string::npos);
+}
+
 TEST(ConsoleJson, ReadsFlatObjectsOfStringsOnly) {
   using idemgate::detail::console::parse_flat_object;
   const auto members = parse_flat_object(R"( {"outcome": "{\"slot\":\"A\u00e9\ud83d\ude00\"}"} )");
