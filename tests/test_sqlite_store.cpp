@@ -633,6 +633,65 @@ TEST(SqliteStore, BusinessStatementThatFailsRollsTheCommitBack) {
   EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0);
 }
 
+// The exceptions docs/reference.md lists as leaving process() and process_batch(), on a real
+// store: each one means "do not ack", and none of them leaves a committed outcome behind.
+TEST(SqliteStore, OnlyTheDocumentedExceptionsLeaveProcessAndNothingIsCommittedWithThem) {
+  Fixture f;
+  idemgate::test::FakeTerminal<> terminal;
+  std::string refuse;  // what the business write throws next: "" nothing, "sql", "plain"
+  Gate gate{
+      "ect.claim_slot", f.store, terminal,
+      [&](SqliteTransaction& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+        if (refuse == "sql") tx.exec("INSERT INTO no_such_table VALUES (1)");
+        if (refuse == "plain") throw std::domain_error("the TMS refused the booking");
+        book(tx, key, r, slot);
+      },
+      idemgate::GateOptions{.max_request_bytes = 64}};
+  const SlotRequest request{"MSKU1", "w"};
+
+  // RequestError: the request cannot be used; nothing reserved, the downstream not called.
+  const Key oversized = idemgate::derive_key("exceptions", "oversized");
+  EXPECT_THROW((void)gate.process(oversized, SlotRequest{std::string(100, 'x'), "w"}),
+               idemgate::RequestError);
+  EXPECT_FALSE(gate.store().find(oversized).has_value());
+
+  // A business write's own exception leaves process() unchanged: an SQL error as StoreError,
+  // anything else as what it is. The row stays in flight (its lease ended), nothing booked.
+  refuse = "sql";
+  const Key sql = idemgate::derive_key("exceptions", "sql");
+  EXPECT_THROW((void)gate.process(sql, request), StoreError);
+  refuse = "plain";
+  const Key plain = idemgate::derive_key("exceptions", "plain");
+  EXPECT_THROW((void)gate.process(plain, request), std::domain_error);
+  for (const Key& key : {sql, plain}) {
+    EXPECT_EQ(committed_status(f.db, key), "in_flight");
+  }
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0);
+
+  // In a batch, the same business write costs only its own message: retry, nothing thrown; the
+  // request that cannot be used is `failed`.
+  const Key batched = idemgate::derive_key("exceptions", "batched");
+  const std::vector<idemgate::BatchMessage<SlotRequest>> messages{
+      {"m-1", batched, request}, {"m-2", oversized, SlotRequest{std::string(100, 'x'), "w"}}};
+  const auto results = gate.process_batch(messages);
+  EXPECT_EQ(results.items()[0].result.status(), idemgate::Status::retry);
+  EXPECT_EQ(results.items()[1].result.status(), idemgate::Status::failed);
+  EXPECT_EQ(results.retry_ids(), std::vector<std::string>{"m-1"});
+  refuse.clear();
+
+  // StoreError: the store cannot do its work (here its table is gone). process() and
+  // process_batch() throw before the downstream is called; there is no result to ack.
+  sq::exec(open_raw(f.db).get(), "DROP TABLE idemgate_log");
+  const int calls = terminal.calls();
+  const Key unreachable = idemgate::derive_key("exceptions", "unreachable");
+  EXPECT_THROW((void)gate.process(unreachable, request), StoreError);
+  EXPECT_THROW((void)gate.process_batch(
+                   std::vector<idemgate::BatchMessage<SlotRequest>>{{"m-3", unreachable, request}}),
+               StoreError);
+  EXPECT_EQ(terminal.calls(), calls);
+  EXPECT_EQ(count(f.db, "SELECT count(*) FROM bookings"), 0);
+}
+
 TEST(SqliteStore, GateBooksOnceAndAnswersDuplicatesFromTheLog) {
   Fixture f;
   idemgate::test::FakeTerminal<> terminal;
@@ -1365,6 +1424,12 @@ TEST(SqliteStore, ALogMissingAColumnSaysToCallMigrateUntilItIsCalled) {
   ASSERT_TRUE(row.has_value());
   EXPECT_EQ(row->attempts, 1) << "rows of the earlier log count their one attempt";
   EXPECT_EQ(row->duplicates, 0);
+  EXPECT_EQ(row->label, "") << "an earlier row has no label";
+  EXPECT_TRUE(row->history.empty()) << "nor a history";
+  EXPECT_EQ(count(path,
+                  "SELECT count(*) FROM pragma_table_info('idemgate_log') WHERE name IN "
+                  "('label', 'history')"),
+            2);
   EXPECT_EQ(reserve(store, idemgate::derive_key("new", "1")).kind, Reservation::Kind::acquired);
 }
 

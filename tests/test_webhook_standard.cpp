@@ -450,6 +450,63 @@ TEST(StandardWebhook, SecretThatDoesNotDecodeExactlyIsRefusedAtConstruction) {
   }
 }
 
+namespace {
+
+/// The message a verifier gives for an unusable secret (empty when it was accepted).
+std::string refusal_of(const std::string& unusable) {
+  try {
+    const StandardWebhookVerifier verifier(unusable);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+// Each problem is named as what it is, and a secret given without its "whsec_" prefix is never
+// described as characters "after whsec_".
+TEST(StandardWebhook, UnusableSecretMessageSaysWhatIsWrongAndWhetherThePrefixWasThere) {
+  // Missing prefix, and seven characters that are base64 but not whole 4-character groups.
+  std::string message = refusal_of("abcdefg");
+  EXPECT_NE(message.find("does not decode exactly"), std::string::npos) << message;
+  EXPECT_NE(message.find("no \"whsec_\" prefix"), std::string::npos) << message;
+  EXPECT_EQ(message.find("after \"whsec_\""), std::string::npos) << message;
+  EXPECT_NE(message.find("7 characters"), std::string::npos) << message;
+  // The same with the prefix: counted after it.
+  message = refusal_of("whsec_abcdefg");
+  EXPECT_NE(message.find("7 base64 characters after \"whsec_\""), std::string::npos) << message;
+  EXPECT_EQ(message.find("no \"whsec_\" prefix"), std::string::npos) << message;
+  // Not base64 at all, with and without the prefix.
+  message = refusal_of("sk_live_0123456789abcdef");
+  EXPECT_NE(message.find("does not start with \"whsec_\" and is not standard base64"),
+            std::string::npos)
+      << message;
+  message = refusal_of("whsec_not*base64!");
+  EXPECT_NE(message.find("not standard base64 after \"whsec_\""), std::string::npos) << message;
+  // Too short: how many bytes, where they were read from, and the bound.
+  const std::string sixteen = idemgate::detail::base64_encode(std::string(16, 'k'));
+  message = refusal_of(sixteen);
+  EXPECT_NE(message.find("decodes to 16 bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("no \"whsec_\" prefix"), std::string::npos) << message;
+  EXPECT_NE(message.find("24 bytes"), std::string::npos) << message;
+  message = refusal_of("whsec_" + sixteen);
+  EXPECT_NE(message.find("decodes to 16 bytes (from its 24 base64 characters after \"whsec_\")"),
+            std::string::npos)
+      << message;
+  // Empty, and nothing after the prefix.
+  EXPECT_NE(refusal_of("").find("is empty"), std::string::npos);
+  message = refusal_of("whsec_");
+  EXPECT_NE(message.find("nothing after its \"whsec_\" prefix"), std::string::npos) << message;
+  // An Ed25519 key given to the HMAC verifier says which verifier takes it.
+  message = refusal_of("whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=");
+  EXPECT_NE(message.find("Ed25519 key"), std::string::npos) << message;
+  EXPECT_NE(message.find("StandardWebhookEd25519Verifier"), std::string::npos) << message;
+  // None of them repeats the secret.
+  for (const std::string text : {"sk_live_0123456789abcdef", "whsec_not*base64!"})
+    EXPECT_EQ(refusal_of(text).find(text), std::string::npos);
+}
+
 TEST(StandardWebhook, OneShotVerifyReportsUnusableSecret) {
   const WebhookVerification result = idemgate::verify_standard_webhook(
       "whsec_***", id, timestamp, signature, body, clock_at(signed_at));

@@ -94,6 +94,11 @@ struct GateOptions {
   std::size_t cache_capacity = 0;
   /// Group commit across concurrent `process` calls; off by default (see `Coalescing`).
   Coalescing coalesce{};
+  /// Keeps the readable label of a `LabelledKey` (from `derive_labelled_key`) with a new row, so
+  /// an operator recognises the event and finds it by the upstream's id. Off by default: a label
+  /// holds the key's parts, which may be personal data (docs/operations.md). Needs a store that
+  /// keeps labels (`labelling_store`); others, and `process_batch`, keep none.
+  bool keep_labels = false;
 };
 
 /// What `Gate::stop` did.
@@ -204,9 +209,23 @@ class Gate {
   /**
    * Processes one delivery of an event: the four steps, in order.
    *
-   * Throws `RequestError` for an unusable request (nothing written), `StoreError` when the store
-   * fails (do not ack: a redelivery or the reconciler finishes the event), and whatever the
-   * business write throws (its transaction is rolled back; the row stays in flight).
+   * When it throws, there is no result: do not ack the message. The redelivery (or the
+   * reconciler) finishes the event, or answers it from the log when its commit did land (a
+   * commit whose confirmation was lost, an observer that threw afterwards). What can leave it:
+   * - `RequestError`: the request does not encode, or its bytes are over
+   *   `GateOptions::max_request_bytes`. Nothing was reserved; the same message fails the same
+   *   way, so dead-letter it rather than retry it as is.
+   * - `StoreError`: the store cannot do its work (the database unreachable or its connection
+   *   lost, a commit whose fate could not be confirmed, the log's table missing). Its subclass
+   *   `BusinessWriteError`: the business write broke the store's transaction.
+   * - what the business write throws, unchanged: its own exceptions, its SQL errors (a
+   *   `StoreError` on SQLite, a `pqxx::sql_error` on PostgreSQL). Its transaction was rolled
+   *   back and the event's lease ended, so the redelivery takes the event over at once.
+   * - what the outcome's codec throws (`CodecError`, by convention) while it encodes the
+   *   downstream's outcome or decodes a stored one to answer a duplicate;
+   * - what the observer throws, and `std::bad_alloc`.
+   * The downstream's exceptions (those derived from `std::exception`) never leave: a `claim`
+   * that throws is a transient failure, answered `retry`.
    *
    * While the downstream is called and the outcome committed, the gate's heartbeat keeps the
    * lease alive. When it lost the lease meanwhile (a renewal found the fence gone, or renewals
@@ -216,11 +235,29 @@ class Gate {
    * takes the message); `stopping()` tells it apart.
    */
   result_type process(const Key& key, const request_type& request) {
-    const auto started = std::chrono::steady_clock::now();
-    Call call(*this);
-    result_type result = call.admitted() ? process_once(key, request) : stopped_result();
-    observer_.on_result(key, result.status(), std::chrono::steady_clock::now() - started);
-    return result;
+    return process_labelled(key, request, {});
+  }
+
+  /**
+   * Like `process(key.key, request)`, and keeps `key.label` with the event's row when
+   * `GateOptions::keep_labels` is on and the store keeps labels; otherwise the label is dropped.
+   * The key is the same either way: turning labels on or off never changes a key.
+   *
+   * Example:
+   *   idemgate::Gate gate{"ect.claim_slot", store, terminal,
+   *                       [](pqxx::work& tx, const SlotRequest& r, const std::string& slot) {
+   *                         book(tx, r, slot);
+   *                       },
+   *                       {.keep_labels = true}};
+   *   auto key = idemgate::derive_labelled_key("ect.claim_slot", n.notification_id,
+   *                                            n.equipment_number);  // "ect.claim_slot CIS-…
+   * MSKU…" auto result = gate.process(key, SlotRequest{n.equipment_number, n.preferred_window});
+   */
+  result_type process(const LabelledKey& key, const request_type& request) {
+    if constexpr (labelling_store<Store>) {
+      if (options_.keep_labels) return process_labelled(key.key, request, key.label);
+    }
+    return process_labelled(key.key, request, {});
   }
 
   /// The observer results are reported to.
@@ -242,6 +279,15 @@ class Gate {
    * Messages with the same key in one batch are processed once; the others get its answer as
    * `duplicate`. A message whose request cannot be encoded gets `failed` (nothing written).
    * A business write that throws leaves its event in flight and its message to `retry`.
+   *
+   * When it throws, there is no result for any message: ack none of them. Every lease the batch
+   * held was given back; the redeliveries finish the events, or answer them from the log where
+   * a commit did land.
+   * What can leave it: `StoreError` when the store fails for the batch (its reservation,
+   * storing a permanent failure or an escalation, a batch commit that failed on every attempt;
+   * never one business write's error), what the outcome's codec throws, what the observer
+   * throws, and `std::bad_alloc`. `RequestError` and the business write's exceptions do not
+   * leave: they become `failed` and `retry` for their own message.
    */
   BatchResult<outcome_type> process_batch(std::span<const BatchMessage<request_type>> messages) {
     const auto started = std::chrono::steady_clock::now();
@@ -529,11 +575,20 @@ class Gate {
   [[nodiscard]] const GateOptions& options() const noexcept { return options_; }
 
  private:
-  result_type process_once(const Key& key, const request_type& request) {
+  result_type process_labelled(const Key& key, const request_type& request,
+                               std::string_view label) {
+    const auto started = std::chrono::steady_clock::now();
+    Call call(*this);
+    result_type result = call.admitted() ? process_once(key, request, label) : stopped_result();
+    observer_.on_result(key, result.status(), std::chrono::steady_clock::now() - started);
+    return result;
+  }
+
+  result_type process_once(const Key& key, const request_type& request, std::string_view label) {
     const std::string bytes = encode_request(request);
     const Fingerprint fingerprint = detail::sha256(bytes);
     if (auto hit = cache_.get(key)) return answer_cached(*hit, fingerprint);
-    const Reservation reservation = reserve(key, fingerprint, bytes);
+    const Reservation reservation = reserve(key, fingerprint, bytes, label);
     if (reservation.kind == Reservation::Kind::existing) {
       remember(key, fingerprint, reservation);
       return answer_existing(reservation);
@@ -797,6 +852,7 @@ class Gate {
     Key key;
     const Fingerprint* fingerprint = nullptr;
     std::string_view request;
+    std::string_view label;
   };
 
   // One commit waiting for its group; the pointers are its caller's, which waits meanwhile.
@@ -832,8 +888,18 @@ class Gate {
         limits, [this](std::span<typename CommitGroup::Slot* const> g) { run_commits(g); });
   }
 
-  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view bytes) {
-    if (reserve_group_) return reserve_group_->submit({key, &fingerprint, bytes});
+  // `label` is empty unless the gate keeps labels on a store that keeps them.
+  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view bytes,
+                      std::string_view label) {
+    if (reserve_group_) return reserve_group_->submit({key, &fingerprint, bytes, label});
+    return reserve_one(key, fingerprint, bytes, label);
+  }
+
+  Reservation reserve_one(const Key& key, const Fingerprint& fingerprint, std::string_view bytes,
+                          std::string_view label) {
+    if constexpr (labelling_store<Store>) {
+      if (!label.empty()) return store_.reserve(key, fingerprint, bytes, options_.lease, label);
+    }
     return store_.reserve(key, fingerprint, bytes, options_.lease);
   }
 
@@ -845,7 +911,8 @@ class Gate {
         std::vector<ReserveItem> items;
         items.reserve(group.size());
         for (const auto* slot : group)
-          items.push_back({slot->item.key, *slot->item.fingerprint, slot->item.request});
+          items.push_back(
+              {slot->item.key, *slot->item.fingerprint, slot->item.request, slot->item.label});
         std::vector<Reservation> reservations = store_.reserve_batch(items, options_.lease);
         for (std::size_t i = 0; i < group.size(); ++i)
           group[i]->answer = std::move(reservations.at(i));
@@ -855,7 +922,7 @@ class Gate {
     for (auto* slot : group) {
       const ReserveJob& job = slot->item;
       try {
-        slot->answer = store_.reserve(job.key, *job.fingerprint, job.request, options_.lease);
+        slot->answer = reserve_one(job.key, *job.fingerprint, job.request, job.label);
       } catch (...) {
         slot->error = std::current_exception();
       }

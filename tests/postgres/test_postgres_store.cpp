@@ -55,7 +55,7 @@ TEST_F(PostgresGate, MigrateIsIdempotentAndMatchesTheShippedSchema) {
   auto store = make_store();
   store->migrate();
   store->migrate();
-  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 4);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 5);
   std::ifstream shipped(std::string(IDEMGATE_SOURCE_DIR) + "/docs/schema.sql");
   ASSERT_TRUE(shipped) << "docs/schema.sql is missing";
   std::stringstream text;
@@ -133,6 +133,48 @@ TEST_F(PostgresGate, SixteenThreadsDeliveringOneEventCallTheDownstreamOnce) {
   }
   EXPECT_EQ(booking_count(), 12);
   expect_no_half_state();
+}
+
+TEST_F(PostgresGate, AKeyBindsAsByteaInABusinessWriteAndReadsBackByKey) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  const std::string table = bookings;
+  Gate gate{
+      "ect.claim_slot", *store, terminal,
+      [&table](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+        // The Key itself, no conversion: the call the guide shows.
+        idemgate::exec_params(
+            tx, "INSERT INTO " + table + " (container, slot_id, source_event) VALUES ($1, $2, $3)",
+            r.container, slot, key);
+      }};
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-bytea", msku.container);
+  ASSERT_EQ(gate.process(key, msku).status(), Status::processed);
+
+  pqxx::connection connection(uri);
+  pqxx::work tx(connection);
+  // Read back by the key, unprepared and prepared: the column holds the key's 32 raw bytes.
+  const auto found = idemgate::exec_params(
+      tx,
+      "SELECT container, octet_length(source_event), encode(source_event, 'hex') FROM " + table +
+          " WHERE source_event = $1",
+      key);
+  ASSERT_EQ(found.size(), 1U);
+  EXPECT_EQ(found[0][0].as<std::string>(), msku.container);
+  EXPECT_EQ(found[0][1].as<int>(), 32);
+  EXPECT_EQ(found[0][2].as<std::string>(), key.hex());
+  connection.prepare("booking_by_event",
+                     "SELECT slot_id FROM " + table + " WHERE source_event = $1");
+  const auto prepared = idemgate::exec_prepared(tx, "booking_by_event", key);
+  ASSERT_EQ(prepared.size(), 1U);
+  EXPECT_EQ(prepared[0][0].as<std::string>(), "slot-1");
+  const Key other = idemgate::derive_key("ect.claim_slot", "CIS-other", msku.container);
+  EXPECT_TRUE(idemgate::exec_prepared(tx, "booking_by_event", other).empty());
+  // The log's own key column agrees with the business row's.
+  EXPECT_EQ(pq::int_field(idemgate::exec_params(tx,
+                                                "SELECT count(*) FROM " + log + " l JOIN " + table +
+                                                    " b ON b.source_event = l.key WHERE l.key = $1",
+                                                key)[0][0]),
+            1);
 }
 
 TEST_F(PostgresGate, ReservationBlockedByAnUncommittedInsertSeesTheRowOnceItCommits) {

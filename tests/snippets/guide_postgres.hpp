@@ -1,4 +1,6 @@
-// docs/guide.md: creating the application's own tables on PostgreSQL.
+// docs/guide.md: creating and writing the application's own tables on PostgreSQL.
+#include <idemgate/store/postgres.hpp>
+
 #include <pqxx/pqxx>
 
 #include <string>

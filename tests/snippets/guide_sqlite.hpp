@@ -1,4 +1,6 @@
-// docs/guide.md: creating the application's own tables on SQLite.
+// docs/guide.md: creating and writing the application's own tables on SQLite.
+#include <idemgate/store/sqlite.hpp>
+
 #include <sqlite3.h>
 
 #include <stdexcept>

@@ -3,7 +3,8 @@
 
 #include <string>
 
-void SNIPPET_FUNCTION(pqxx::work& tx, const std::string& container, const std::string& slot) {
+void SNIPPET_FUNCTION(pqxx::work& tx, const std::string& container, const std::string& slot,
+                      const idemgate::Key& key) {
   {
     // @snippet: the example goes here
   }

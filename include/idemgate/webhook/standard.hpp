@@ -89,31 +89,58 @@ enum class StandardSecretProblem {
   return std::move(key);
 }
 
-/// Why a secret is unusable, without ever repeating the secret itself.
+/// Why a secret is unusable, without ever repeating the secret itself: what is wrong (nothing
+/// after the prefix, not base64, not exactly as encoded, too short), whether the `whsec_` prefix
+/// was there, and what to do.
 [[nodiscard]] inline std::string unusable_standard_secret_message(std::string_view secret) {
+  const bool prefixed = secret.starts_with(standard_secret_prefix);
   const std::string_view text = standard_secret_base64(secret);
+  // Where the base64 was read from: after the prefix, or the whole secret when it has none.
+  const std::string read = std::to_string(text.size()) +
+                           (prefixed ? " base64 characters after \"whsec_\""
+                                     : " characters (the secret has no \"whsec_\" prefix, so all "
+                                       "of it was read as base64)");
+  const std::string_view copy_again =
+      prefixed ? "copy the endpoint's signing secret again, whole"
+               : "give the endpoint's signing secret exactly as the sender shows it, \"whsec_\" "
+                 "followed by base64";
   switch (decode_standard_secret_checked(secret).second) {
     case StandardSecretProblem::empty:
-      return "the Standard Webhooks secret is empty; configure the endpoint's signing secret, "
-             "\"whsec_\" followed by base64";
+      return prefixed ? "the Standard Webhooks secret has nothing after its \"whsec_\" prefix; "
+                        "configure the endpoint's signing secret whole, \"whsec_\" followed by "
+                        "base64"
+                      : "the Standard Webhooks secret is empty; configure the endpoint's signing "
+                        "secret, \"whsec_\" followed by base64";
     case StandardSecretProblem::inexact:
-      return "the Standard Webhooks secret does not decode exactly: its " +
-             std::to_string(text.size()) +
-             " base64 characters after \"whsec_\" are not a whole number of 4-character groups "
-             "with the padding they need, so a character was probably lost or added when it was "
-             "copied; copy the endpoint's signing secret again, whole";
+      return "the Standard Webhooks secret does not decode exactly: its " + read +
+             " are not a whole number of 4-character groups with the padding they need, so a "
+             "character was probably lost or added when it was copied; " +
+             std::string(copy_again);
     case StandardSecretProblem::too_short:
       return "the Standard Webhooks secret decodes to " +
-             std::to_string(base64_decoded_size(text).value_or(0)) +
-             " bytes, fewer than the 24 bytes (192 bits) the specification requires; generate a "
-             "new endpoint secret at the sender (e.g. 32 random bytes, base64, after \"whsec_\")";
+             std::to_string(base64_decoded_size(text).value_or(0)) + " bytes (from its " + read +
+             "), fewer than the 24 bytes (192 bits) the specification requires; " +
+             (prefixed ? std::string("generate a new endpoint secret at the sender (e.g. 32 random "
+                                     "bytes, base64, after \"whsec_\")")
+                       : std::string(copy_again) +
+                             " (or generate a new one: 32 random bytes, base64, after \"whsec_\")");
     case StandardSecretProblem::not_base64:
     case StandardSecretProblem::none:
       break;
   }
-  return "the Standard Webhooks secret is not \"whsec_\" followed by standard base64 "
-         "(A-Z a-z 0-9 + /, = padding); copy the endpoint's signing secret exactly as the sender "
-         "shows it, without surrounding spaces or a trailing newline";
+  if (secret.starts_with("whpk_") || secret.starts_with("whsk_"))
+    return "the Standard Webhooks secret is an Ed25519 key (\"" + std::string(secret.substr(0, 5)) +
+           "\"), not a \"whsec_\" HMAC secret; verify v1a deliveries with "
+           "StandardWebhookEd25519Verifier and the sender's \"whpk_\" public key, or give this "
+           "verifier the endpoint's \"whsec_\" secret";
+  if (prefixed)
+    return "the Standard Webhooks secret is not standard base64 after \"whsec_\" (A-Z a-z 0-9 + /, "
+           "= padding); copy the endpoint's signing secret exactly as the sender shows it, "
+           "without surrounding spaces or a trailing newline";
+  return "the Standard Webhooks secret does not start with \"whsec_\" and is not standard base64 "
+         "either (A-Z a-z 0-9 + /, = padding); give the endpoint's signing secret exactly as the "
+         "sender shows it, \"whsec_\" followed by base64, without surrounding spaces or a "
+         "trailing newline";
 }
 
 /// The HMAC key of a secret, or `std::invalid_argument` saying what is wrong with it.

@@ -16,6 +16,10 @@
 //   on its first use; 7.x and 8.x send it at once. Callers therefore prepare a statement right
 //   before its first use on a connection (see PostgresStore), so the server sees it at the same
 //   moment on every version.
+// - Parameters of idemgate's own types: libpqxx converts a parameter through its
+//   `string_traits`, whose shape differs between 6.4, 7.x and 8.x. A `Key` is therefore turned
+//   into a bytea in text form (`\x` + hex, `bytea_param`) before libpqxx sees it, which every
+//   version passes on as it is.
 
 #include "../crypto/hex.hpp"
 
@@ -27,6 +31,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
@@ -35,7 +40,30 @@
 #define IDEMGATE_PQXX_PREPPED 0
 #endif
 
+namespace idemgate {
+class Key;
+}  // namespace idemgate
+
 namespace idemgate::detail::pq {
+
+/// A byte string as a bytea parameter in text form (`\x` + hex): the same on every version.
+inline std::string bytea_param(std::string_view bytes) {
+  std::string out;
+  out.reserve(2 + bytes.size() * 2);
+  out += "\\x";
+  append_hex(out, bytes);
+  return out;
+}
+
+/// A statement parameter as libpqxx is given it: a `Key` as its bytea in text form, anything
+/// else unchanged (libpqxx converts it).
+template <class T>
+decltype(auto) param(T&& value) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<T>, Key>)
+    return bytea_param(value.view());
+  else
+    return std::forward<T>(value);
+}
 
 #if PQXX_VERSION_MAJOR >= 8
 /// A row of a result, as indexing or iterating a result gives it.
@@ -49,23 +77,24 @@ using row = pqxx::row;
 using field = pqxx::field;
 #endif
 
-/// Runs a prepared statement with positional parameters.
+/// Runs a prepared statement with positional parameters (a `Key` binds as bytea).
 template <class Transaction, class... Args>
 pqxx::result exec_prepared(Transaction& tx, const std::string& name, Args&&... args) {
 #if IDEMGATE_PQXX_PREPPED
-  return tx.exec(pqxx::prepped{name}, pqxx::params{std::forward<Args>(args)...});
+  return tx.exec(pqxx::prepped{name}, pqxx::params{param(std::forward<Args>(args))...});
 #else
-  return tx.exec_prepared(name, std::forward<Args>(args)...);
+  return tx.exec_prepared(name, param(std::forward<Args>(args))...);
 #endif
 }
 
-/// Runs one statement with positional parameters ($1, $2, …), unprepared.
+/// Runs one statement with positional parameters ($1, $2, …), unprepared (a `Key` binds as
+/// bytea).
 template <class Transaction, class... Args>
 pqxx::result exec_params(Transaction& tx, const std::string& sql, Args&&... args) {
 #if IDEMGATE_PQXX_PREPPED
-  return tx.exec(sql, pqxx::params{std::forward<Args>(args)...});
+  return tx.exec(sql, pqxx::params{param(std::forward<Args>(args))...});
 #else
-  return tx.exec_params(sql, std::forward<Args>(args)...);
+  return tx.exec_params(sql, param(std::forward<Args>(args))...);
 #endif
 }
 
@@ -73,15 +102,6 @@ pqxx::result exec_params(Transaction& tx, const std::string& sql, Args&&... args
 template <class Transaction>
 pqxx::result exec(Transaction& tx, const std::string& sql) {
   return tx.exec(sql);
-}
-
-/// A byte string as a bytea parameter in text form (`\x` + hex): the same on every version.
-inline std::string bytea_param(std::string_view bytes) {
-  std::string out;
-  out.reserve(2 + bytes.size() * 2);
-  out += "\\x";
-  append_hex(out, bytes);
-  return out;
 }
 
 /// A byte string as an SQL literal of type bytea, independent of standard_conforming_strings.
@@ -116,6 +136,23 @@ std::string bytea_array_param(const Range& values) {
     if (out.size() > 1) out += ',';
     out += "\"\\\\x";
     append_hex(out, bytes);
+    out += '"';
+  }
+  out += '}';
+  return out;
+}
+
+/// Strings as a `text[]` parameter in text form: each quoted, `"` and `\` escaped.
+template <class Range>
+std::string text_array_param(const Range& values) {
+  std::string out = "{";
+  for (std::string_view text : values) {
+    if (out.size() > 1) out += ',';
+    out += '"';
+    for (char c : text) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
     out += '"';
   }
   out += '}';
