@@ -46,6 +46,8 @@ struct ConsoleOptions {
   SignalThresholds thresholds{};
   /// Most rows a list returns (the manual queue, a cause's rows).
   std::size_t list_limit = 100;
+  /// Most failed rows one "re-drive this cause" puts back in flight.
+  std::size_t redrive_limit = 10'000;
   /// Whether the session cookie is `Secure` (sent over HTTPS only). Leave it on wherever the
   /// console is reached over HTTPS (also behind a TLS-terminating proxy); turn it off only for a
   /// console reached over plain HTTP on loopback.
@@ -143,8 +145,9 @@ inline std::string cookie_value(std::string_view header, std::string_view name) 
 namespace idemgate::console {
 
 /**
- * The operator console of one gate: its three signals, the manual queue, one row, resolving an
- * escalated event through the gate (the business write included) and re-driving a failed one.
+ * The operator console of one gate: its three signals, the causes of its failed and escalated
+ * rows, the manual queue, one row with its label and history, resolving an escalated event
+ * through the gate (the business write included) and re-driving failed rows (one, or a cause's).
  * Serves one self-contained HTML page and a JSON API; errors are `application/problem+json`.
  * Nothing is served without the bearer token.
  *
@@ -183,6 +186,9 @@ class Console {
           "serves nothing without it); use 32 random bytes, e.g. `openssl rand -hex 32`");
     if (options_.list_limit < 1 || options_.list_limit > 10'000)
       throw std::invalid_argument("idemgate: ConsoleOptions::list_limit must be from 1 to 10000");
+    if (options_.redrive_limit < 1 || options_.redrive_limit > 1'000'000)
+      throw std::invalid_argument(
+          "idemgate: ConsoleOptions::redrive_limit must be from 1 to 1000000");
     options_.thresholds.validate();
     const auto mac =
         idemgate::detail::hmac_sha256(options_.bearer_token, {"idemgate console session v1"});
@@ -207,6 +213,10 @@ class Console {
     ConsoleResponse response;
     try {
       response = route(request);
+    } catch (const StoreError& e) {
+      response = problem(
+          503, "store-unavailable", "The store failed",
+          std::string("The store could not answer: ") + e.what() + ". Try again once it answers.");
     } catch (const std::exception& e) {
       response = problem(500, "internal", "The console failed",
                          std::string("The console could not answer: ") + e.what() +
@@ -343,6 +353,9 @@ class Console {
     }
     if (path == "/api/signals") return get ? signals(request) : not_allowed(path);
     if (path == "/api/escalated") return get ? escalated(request) : not_allowed(path);
+    if (path == "/api/causes") return get ? causes() : not_allowed(path);
+    if (path == "/api/causes/redrive") return post ? redrive_cause(request) : not_allowed(path);
+    if (path == "/api/rows") return get ? rows(request) : not_allowed(path);
     constexpr std::string_view rows = "/api/rows/";
     if (path.starts_with(rows)) {
       std::string_view rest = std::string_view(path).substr(rows.size());
@@ -449,6 +462,16 @@ class Console {
     body += ",\"result\":" + (r.result ? j::quote(*r.result) : std::string("null"));
     body += ",\"created_at\":" + j::quote(j::format_time(r.created_at));
     body += ",\"updated_at\":" + j::quote(j::format_time(r.updated_at));
+    body += ",\"label\":" + j::quote(r.label);
+    body += ",\"history\":[";
+    for (std::size_t i = 0; i < r.history.size(); ++i) {
+      const HistoryEntry& h = r.history[i];
+      if (i > 0) body += ',';
+      body += "{\"attempt\":" + std::to_string(h.attempt) + ",\"outcome\":" + j::quote(h.outcome) +
+              ",\"reason\":" + j::quote(h.reason) + ",\"at\":" + j::quote(j::format_time(h.at)) +
+              "}";
+    }
+    body += "]";
     body += "}";
     return body;
   }
@@ -539,6 +562,93 @@ class Console {
             (status == RecordStatus::committed ? " (resolved already, or finished by the gate)."
              : status == RecordStatus::failed  ? " (re-drive it instead)."
                                                : " (a worker or the reconciler holds it)."));
+  }
+
+  // --- Causes and queries (stores an operator works with: `operable_store`). ---
+
+  static Response not_operable() {
+    return problem(501, "not-supported", "Not supported by this store",
+                   "This gate's store cannot group rows by cause or list them by query (it is "
+                   "not an operable_store).");
+  }
+
+  Response causes() {
+    if constexpr (operable_store<store_type>) {
+      namespace j = idemgate::detail::console;
+      const std::vector<Cause> found = gate_.store().causes(options_.list_limit);
+      std::string body = "{\"causes\":[";
+      for (std::size_t i = 0; i < found.size(); ++i) {
+        const Cause& c = found[i];
+        if (i > 0) body += ',';
+        body += "{\"status\":" + j::quote(to_string(c.status)) +
+                ",\"reason\":" + j::quote(c.reason) + ",\"rows\":" + std::to_string(c.rows) +
+                ",\"first_seen\":" + j::quote(j::format_time(c.first_seen)) +
+                ",\"last_seen\":" + j::quote(j::format_time(c.last_seen)) + "}";
+      }
+      body += "]}";
+      return json(200, std::move(body));
+    } else {
+      return not_operable();
+    }
+  }
+
+  Response rows(const ConsoleRequest& request) {
+    if constexpr (operable_store<store_type>) {
+      RowQuery query;
+      query.limit = options_.list_limit;
+      if (const auto status = request.parameter("status"); status && !status->empty()) {
+        try {
+          query.status = parse_record_status(*status);
+        } catch (const std::exception&) {
+          return problem(400, "bad-query", "Unknown status",
+                         "status is one of in_flight, committed, failed, escalated.");
+        }
+      }
+      if (const auto reason = request.parameter("reason")) query.reason = *reason;
+      if (const auto label = request.parameter("label")) query.label_contains = *label;
+      const std::vector<Record> found = gate_.store().rows(query);
+      const std::int64_t total = gate_.store().count(query);
+      std::string body = "{\"count\":" + std::to_string(total) + ",\"rows\":[";
+      for (std::size_t i = 0; i < found.size(); ++i) {
+        if (i > 0) body += ',';
+        body += row_json(found[i]);
+      }
+      body += "]}";
+      return json(200, std::move(body));
+    } else {
+      return not_operable();
+    }
+  }
+
+  Response redrive_cause(const ConsoleRequest& request) {
+    if constexpr (operable_store<store_type>) {
+      std::map<std::string, std::string> fields;
+      try {
+        fields = idemgate::detail::console::parse_flat_object(request.body);
+      } catch (const std::exception& e) {
+        return problem(400, "bad-body", "The request body is not understood",
+                       std::string("Send a JSON object {\"reason\": \"...\"}: ") + e.what() + ".");
+      }
+      const auto reason = fields.find("reason");
+      if (reason == fields.end())
+        return problem(400, "bad-body", "No reason",
+                       "Send a JSON object {\"reason\": \"...\"} holding the failed rows' exact "
+                       "reason, as the causes list it.");
+      const std::size_t redriven =
+          gate_.store().redrive_cause(reason->second, options_.redrive_limit);
+      if (redriven == 0)
+        return problem(409, "not-failed", "No failed row has this reason",
+                       "Nothing was re-driven: no failed row of gate \"" + gate_.name().str() +
+                           "\" has exactly this reason (escalated rows are resolved, not "
+                           "re-driven; or the rows were re-driven already).");
+      RowQuery left;
+      left.status = RecordStatus::failed;
+      left.reason = reason->second;
+      return json(200, "{\"redriven\":" + std::to_string(redriven) +
+                           ",\"still_failed\":" + std::to_string(gate_.store().count(left)) + "}");
+    } else {
+      return not_operable();
+    }
   }
 
   Response redrive(const Key& key) {

@@ -146,18 +146,36 @@ async function loadCauses() {
     el('td', {}, String(c.rows)),
     el('td', {}, when(c.first_seen)),
     el('td', {}, when(c.last_seen)),
-    el('td', {}, c.status === 'failed' ?
+    el('td', {}, el('button', {className: 'show-cause', onclick: () => showCause(c)}, 'Show rows'),
+      ' ', c.status === 'failed' ?
       el('button', {className: 'redrive-cause', onclick: () => redriveCause(c.reason)},
          'Re-drive these') : '')));
   $('cause-rows').replaceChildren(...rows);
   $('causes-empty').hidden = rows.length > 0;
 }
+async function showCause(c) {
+  try {
+    const body = await get('rows?status=' + encodeURIComponent(c.status) + '&reason=' +
+                           encodeURIComponent(c.reason));
+    $('cause-list-title').textContent = body.count + ' ' + c.status + ' row(s): ' + c.reason;
+    $('cause-list-rows').replaceChildren(...body.rows.map((row) => el('tr', {dataset: {key: row.key}},
+      el('td', {className: 'key'}, row.key.slice(0, 16) + '…'),
+      el('td', {}, row.label || ''),
+      el('td', {}, row.status),
+      el('td', {}, String(row.attempts)),
+      el('td', {}, when(row.updated_at)),
+      el('td', {}, rowLink(row)))));
+    $('cause-list').hidden = false;
+  } catch (e) { showProblem($('page-problem'), e); }
+}
 async function redriveCause(reason) {
   $('page-problem').hidden = true;
   try {
     const r = await post('causes/redrive', {reason: reason});
-    $('page-done').textContent = r.redriven + ' failed row(s) re-driven';
+    $('page-done').textContent = r.redriven + ' failed row(s) re-driven' +
+      (r.still_failed > 0 ? ', ' + r.still_failed + ' left: re-drive again' : '');
     $('page-done').hidden = false;
+    $('cause-list').hidden = true;
   } catch (e) { showProblem($('page-problem'), e); }
   refresh();
 }
@@ -279,6 +297,13 @@ refresh();
 <tbody id="cause-rows"></tbody>
 </table>
 <p id="causes-empty" class="muted" hidden>Nothing failed or escalated.</p>
+<div id="cause-list" hidden>
+<h2 id="cause-list-title"></h2>
+<table>
+<thead><tr><th>key</th><th>label</th><th>status</th><th>attempts</th><th>last change</th><th></th></tr></thead>
+<tbody id="cause-list-rows"></tbody>
+</table>
+</div>
 </section>
 <section id="queue">
 <h2>Manual queue: escalated events, oldest first</h2>
