@@ -79,7 +79,8 @@ class ConsoleOverHttp : public ::testing::Test {
   std::string path_ = dir_.file("console.db");
   idemgate::SqliteStore store_{path_};
   tc::Terminal terminal_;
-  tc::ConsoleGate gate_{std::string(tc::gate_name), store_, terminal_, tc::Book{}};
+  tc::ConsoleGate gate_{std::string(tc::gate_name), store_, terminal_, tc::Book{},
+                        tc::gate_options()};
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
@@ -350,7 +351,7 @@ TEST(Console, RefusesAShortTokenAndAnUnusablePrefix) {
   idemgate::SqliteStore store{dir.file("c.db")};
   store.migrate();
   tc::Terminal terminal;
-  tc::ConsoleGate gate{std::string(tc::gate_name), store, terminal, tc::Book{}};
+  tc::ConsoleGate gate{std::string(tc::gate_name), store, terminal, tc::Book{}, tc::gate_options()};
   httplib::Server server;
   EXPECT_THROW(idemgate::console::mount(server, "/ops", gate, {.bearer_token = "short"}),
                std::invalid_argument);
@@ -361,6 +362,118 @@ TEST(Console, RefusesAShortTokenAndAnUnusablePrefix) {
         << bad;
   EXPECT_NO_THROW(
       idemgate::console::mount(server, "/ops/console.v1", gate, {.bearer_token = token}));
+}
+
+TEST_F(ConsoleOverHttp, RowsShowTheirLabelAndHistory) {
+  auto c = client();
+  const auto res = c.Get(api("rows/" + broken_.hex()), bearer());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  const json row = json::parse(res->body);
+  EXPECT_EQ(row["label"], "console.claim_slot event-4 BROKEN0000005");
+  std::vector<std::string> outcomes;
+  for (const json& h : row["history"]) outcomes.push_back(h["outcome"]);
+  ASSERT_FALSE(outcomes.empty());
+  EXPECT_EQ(outcomes.back(), "escalated") << row["history"].dump();
+  EXPECT_NE(row["history"].dump().find("no booking line"), std::string::npos)
+      << row["history"].dump();
+
+  const auto resolved = c.Post(resolve_path(timeout3_), bearer(),
+                               outcome_body(R"({"slot":"MANUAL-7"})"), "application/json");
+  ASSERT_TRUE(resolved);
+  ASSERT_EQ(resolved->status, 200);
+  const json after = json::parse(resolved->body)["row"];
+  ASSERT_FALSE(after["history"].empty());
+  EXPECT_EQ(after["history"].back()["outcome"], "resolved") << after["history"].dump();
+}
+
+TEST_F(ConsoleOverHttp, CausesGroupTheFailedAndEscalatedRows) {
+  auto c = client();
+  const auto res = c.Get(api("causes"), bearer());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json body = json::parse(res->body);
+  int timed_out = 0, refused = 0, broken = 0;
+  for (const json& cause : body["causes"]) {
+    const std::string reason = cause["reason"];
+    if (reason.find("timed out") != std::string::npos) {
+      EXPECT_EQ(cause["status"], "escalated");
+      timed_out += cause["rows"].get<int>();  // delivered twice, one says "after 2 attempts"
+    } else if (reason.find("no booking line") != std::string::npos) {
+      EXPECT_EQ(cause["status"], "escalated");
+      broken = cause["rows"];
+    } else if (reason == "the terminal refused: unknown container REFUSED0000006") {
+      EXPECT_EQ(cause["status"], "failed");
+      refused = cause["rows"];
+    }
+  }
+  EXPECT_EQ(timed_out, 2) << body.dump();
+  EXPECT_EQ(broken, 1) << body.dump();
+  EXPECT_EQ(refused, 1) << body.dump();
+}
+
+TEST_F(ConsoleOverHttp, RowsAreListedByStatusReasonAndLabel) {
+  auto c = client();
+  const auto failed = c.Get(api("rows?status=failed"), bearer());
+  ASSERT_TRUE(failed);
+  ASSERT_EQ(failed->status, 200) << failed->body;
+  const json f = json::parse(failed->body);
+  EXPECT_EQ(f["count"], 1);
+  ASSERT_EQ(f["rows"].size(), 1u);
+  EXPECT_EQ(f["rows"][0]["key"], refused_.hex());
+  const auto labelled = c.Get(api("rows?label=TIMEOUT"), bearer());
+  ASSERT_TRUE(labelled);
+  ASSERT_EQ(labelled->status, 200);
+  EXPECT_EQ(json::parse(labelled->body)["count"], 2);
+  const auto bogus = c.Get(api("rows?status=bogus"), bearer());
+  ASSERT_TRUE(bogus);
+  EXPECT_EQ(bogus->status, 400);
+}
+
+TEST_F(ConsoleOverHttp, RedrivingACauseRedrivesItsFailedRowsOnly) {
+  auto c = client();
+  const json refused = {{"reason", "the terminal refused: unknown container REFUSED0000006"}};
+  const std::string cookie = session_cookie();
+  const auto cross =
+      c.Post(api("causes/redrive"), {{"Cookie", cookie}}, refused.dump(), "application/json");
+  ASSERT_TRUE(cross);
+  EXPECT_EQ(cross->status, 403);
+  EXPECT_EQ(status_of(refused_), RecordStatus::failed);
+
+  const auto res = c.Post(api("causes/redrive"), bearer(), refused.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json body = json::parse(res->body);
+  EXPECT_EQ(body["redriven"], 1);
+  EXPECT_EQ(body["still_failed"], 0);
+  EXPECT_EQ(status_of(refused_), RecordStatus::in_flight);
+  const auto again = c.Post(api("causes/redrive"), bearer(), refused.dump(), "application/json");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 409);
+
+  const std::string escalated_reason = gate_.store().find(timeout3_)->reason;
+  const auto escalated = c.Post(api("causes/redrive"), bearer(),
+                                json{{"reason", escalated_reason}}.dump(), "application/json");
+  ASSERT_TRUE(escalated);
+  EXPECT_EQ(escalated->status, 409);
+  EXPECT_EQ(status_of(timeout3_), RecordStatus::escalated);
+  EXPECT_EQ(status_of(timeout4_), RecordStatus::escalated);
+}
+
+TEST_F(ConsoleOverHttp, AStoreThatFailsIsAProblemNotAnAnswer) {
+  {
+    auto db = idemgate::test::sqlite::open_raw(path_);
+    char* error = nullptr;
+    ASSERT_EQ(sqlite3_exec(db.get(), "DROP TABLE idemgate_log", nullptr, nullptr, &error),
+              SQLITE_OK)
+        << (error ? error : "");
+  }
+  auto c = client();
+  const auto res = c.Get(api("escalated"), bearer());
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/problem+json");
+  EXPECT_EQ(json::parse(res->body)["type"], "urn:idemgate:console:store-unavailable");
 }
 
 TEST_F(ConsoleOverHttp, SigningOutClearsTheCookie) {
@@ -380,7 +493,7 @@ TEST(Console, TheSessionCookieIsSecureUnlessTurnedOff) {
   idemgate::SqliteStore store{dir.file("c.db")};
   store.migrate();
   tc::Terminal terminal;
-  tc::ConsoleGate gate{std::string(tc::gate_name), store, terminal, tc::Book{}};
+  tc::ConsoleGate gate{std::string(tc::gate_name), store, terminal, tc::Book{}, tc::gate_options()};
   const auto set_cookie = [&](ConsoleOptions options) {
     idemgate::console::Console console{gate, "/ops", std::move(options)};
     idemgate::console::ConsoleRequest request;

@@ -116,6 +116,27 @@ def main():
                          keys["TIMEOUT-SEGU5501770"]]
             check(sorted(queued) == sorted(escalated), "the queue: %r" % queued)
 
+            step("the causes, a cause's rows with their labels, and re-driving a cause")
+            causes = driver.find_elements(By.CSS_SELECTOR, "#cause-rows tr")
+            check(len(causes) == 3, "causes: %r" % [c.text for c in causes])
+            failed = [c for c in causes if c.text.startswith("failed")]
+            check(len(failed) == 1 and "REFUSED-XXXU0000000" in failed[0].text,
+                  "the failed cause: %r" % [c.text for c in causes])
+            failed[0].find_element(By.CSS_SELECTOR, "button.show-cause").click()
+            wait.until(lambda d: d.find_element(By.ID, "cause-list").is_displayed())
+            listed = driver.find_element(By.ID, "cause-list-rows").text
+            check("console.claim_slot event-6 REFUSED-XXXU0000000" in listed,
+                  "the cause's rows show no label: " + listed)
+            check("console.claim_slot event-5 BROKEN-TCLU3309876" in
+                  driver.find_element(By.ID, "queue-rows").text, "the queue shows no label")
+            failed[0].find_element(By.CSS_SELECTOR, "button.redrive-cause").click()
+            wait.until(lambda d: d.find_element(By.ID, "page-done").is_displayed())
+            check("1 failed row(s) re-driven" in driver.find_element(By.ID, "page-done").text,
+                  "the re-drive's answer")
+            status, row = api(base, "rows/" + keys["REFUSED-XXXU0000000"])
+            check(status == 200 and row["status"] == "in_flight", "re-driven row: %r" % row)
+            wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#cause-rows tr")) == 2)
+
             def open_row(container):
                 driver.find_element(
                     By.CSS_SELECTOR, "#queue-rows tr[data-key='%s'] button.open" %
@@ -138,6 +159,9 @@ def main():
             open_row("BROKEN-TCLU3309876")
             check("no booking line" in driver.find_element(By.ID, "row-fields").text,
                   "the row's reason")
+            history = driver.find_element(By.ID, "row-history").text
+            check("escalated" in history and "no booking line" in history,
+                  "the row's history: " + history)
             resolve('{"slot": "ECTD-MANUAL-1"}')
             problem = driver.find_element(By.ID, "row-problem").text
             check("nothing was committed" in problem and "create it in the TMS first" in problem

@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
     idemgate::SqliteStore store{path};
     store.migrate();
     tc::Terminal terminal;
-    tc::ConsoleGate gate{std::string(tc::gate_name), store, terminal, tc::Book{}};
+    tc::ConsoleGate gate{std::string(tc::gate_name), store, terminal, tc::Book{},
+                         tc::gate_options()};
     const std::vector<std::string> containers{
         "MSKU7000037",         "TGHU4100442",         "CMAU1234565",
         "TIMEOUT-HLXU8001231", "MRKU2200917",         "BROKEN-TCLU3309876",

@@ -82,6 +82,13 @@ using ConsoleGate = idemgate::Gate<idemgate::SqliteStore, Terminal, Book>;
 /// The gate's name.
 inline constexpr std::string_view gate_name = "console.claim_slot";
 
+/// The gate's options: it keeps each row's label (the event id and the container).
+inline idemgate::GateOptions gate_options() {
+  idemgate::GateOptions options;
+  options.keep_labels = true;
+  return options;
+}
+
 /// The key of event `event` for `container`.
 inline idemgate::Key key_of(std::string_view event, std::string_view container) {
   return idemgate::derive_key(gate_name, event, container);
@@ -117,7 +124,8 @@ inline std::int64_t bookings_of(const std::string& path, const std::string& cont
       .value_or(0);
 }
 
-/// Delivers the events (container names, each under its own event id, some twice) and runs
+/// Delivers the events (container names, each under its own event id, some twice; labelled
+/// "<gate> event-<n> <container>") and runs
 /// the reconciler until the timed-out and broken ones are escalated.
 inline void deliver(ConsoleGate& gate, const std::vector<std::string>& containers,
                     int copies_of_first = 2) {
@@ -126,7 +134,9 @@ inline void deliver(ConsoleGate& gate, const std::vector<std::string>& container
     const int copies = n < 3 ? copies_of_first : 1;
     for (int c = 0; c < copies; ++c) {
       try {
-        (void)gate.process(key_of("event-" + std::to_string(n), container), container);
+        (void)gate.process(
+            idemgate::derive_labelled_key(gate_name, "event-" + std::to_string(n), container),
+            container);
       } catch (const std::exception&) {
         // A business write that throws leaves the event to the reconciler.
       }
