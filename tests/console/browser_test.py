@@ -85,6 +85,11 @@ def main():
             options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
             driver = webdriver.Chrome(service=Service(args.chromedriver), options=options)
             wait = WebDriverWait(driver, 20)
+
+            def settled():
+                # No reload of the page's lists is running: their elements are the final ones.
+                wait.until(lambda d: d.find_element(By.TAG_NAME, "body")
+                           .get_attribute("data-loaded") == "yes")
             step("Chromium " + driver.capabilities.get("browserVersion", "?") + " started")
 
             step("without the token the console serves nothing")
@@ -95,8 +100,7 @@ def main():
 
             step("opened with the token, the token leaves the address bar")
             driver.get(base + PREFIX + "/?token=" + TOKEN)
-            wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded")
-                       == "yes")
+            settled()
             check(driver.current_url == base + PREFIX + "/", "the address still holds the token: "
                   + driver.current_url)
             cookies = driver.get_cookies()
@@ -133,6 +137,7 @@ def main():
             wait.until(lambda d: d.find_element(By.ID, "page-done").is_displayed())
             check("1 failed row(s) re-driven" in driver.find_element(By.ID, "page-done").text,
                   "the re-drive's answer")
+            settled()
             status, row = api(base, "rows/" + keys["REFUSED-XXXU0000000"])
             check(status == 200 and row["status"] == "in_flight", "re-driven row: %r" % row)
             wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#cause-rows tr")) == 2)
@@ -154,6 +159,7 @@ def main():
                 driver.find_element(By.ID, "resolve").click()
                 wait.until(lambda d: d.find_element(By.ID, "row-problem").is_displayed() or
                            d.find_element(By.ID, "row-done").is_displayed())
+                settled()
 
             step("resolving the row whose business write throws: nothing committed, and why")
             open_row("BROKEN-TCLU3309876")

@@ -170,6 +170,7 @@ async function showCause(c) {
 }
 async function redriveCause(reason) {
   $('page-problem').hidden = true;
+  $('page-done').hidden = true;
   try {
     const r = await post('causes/redrive', {reason: reason});
     $('page-done').textContent = r.redriven + ' failed row(s) re-driven' +
@@ -234,15 +235,19 @@ async function redriveRow() {
   } catch (e) { showProblem($('row-problem'), e); }
   refresh();
 }
-async function refresh() {
+// body[data-loaded] is "yes" once no reload is running (the browser test waits for it).
+let reloads = 0;
+async function refresh(clear) {
+  reloads++;
+  document.body.dataset.loaded = 'no';
+  if (clear === true) { $('page-problem').hidden = true; $('page-done').hidden = true; }
   try {
     await Promise.all([loadSignals(), loadQueue(), loadCauses()]);
-    $('page-problem').hidden = true;
     $('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
-    document.body.dataset.loaded = 'yes';
   } catch (e) { showProblem($('page-problem'), e); }
+  if (--reloads === 0) document.body.dataset.loaded = 'yes';
 }
-$('refresh').addEventListener('click', refresh);
+$('refresh').addEventListener('click', () => refresh(true));
 $('resolve').addEventListener('click', resolveRow);
 $('redrive').addEventListener('click', redriveRow);
 $('open-key-form').addEventListener('submit', (event) => {
@@ -254,7 +259,7 @@ $('logout').addEventListener('click', async () => {
     headers: {'X-Idemgate-Console': '1'}});
   document.body.replaceChildren(el('p', {}, 'Signed out. Open the console again with its token.'));
 });
-refresh();
+refresh(true);
 )js";
 
 /// The page around the style and the script.
