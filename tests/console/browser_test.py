@@ -191,6 +191,17 @@ def main():
             driver.save_screenshot(args.screenshot)
             step("screenshot saved as " + args.screenshot)
 
+            step("any row opens by its key")
+            box = driver.find_element(By.ID, "open-key")
+            box.send_keys(keys["REFUSED-XXXU0000000"])
+            box.submit()
+            wait.until(lambda d: d.find_element(By.ID, "row-key").text ==
+                       keys["REFUSED-XXXU0000000"])
+            check(driver.find_element(By.ID, "row-status").text == "in_flight",
+                  "the re-driven row's status")
+            check("redriven" in driver.find_element(By.ID, "row-history").text,
+                  "the re-driven row's history")
+
             errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"
                       and "Content Security Policy" in entry["message"]]
             check(not errors, "the page broke its own Content-Security-Policy: %r" % errors)
