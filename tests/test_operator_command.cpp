@@ -453,6 +453,42 @@ TEST_P(OperatorCommand, PurgeIsADryRunUntilExecuteAndKeepsRecentAndOpenRows) {
   EXPECT_EQ(status(slots, seed_.slot_committed_old[0]), RecordStatus::committed);
 }
 
+TEST_P(OperatorCommand, AdoptGivesRowsOfNoGateToTheGateNamedAndKeepsKeysItHolds) {
+  // Two rows written before logs knew their gates (the store as constructed writes rows of no
+  // gate); one of them under a key payments.credit already holds.
+  const auto write_unowned = [this](const std::string& id) {
+    if (GetParam() == "sqlite")
+      return write_row(*sqlite_, id, json_request(id), RecordStatus::failed, "card_expired");
+    return write_row(*postgres_, id, json_request(id), RecordStatus::failed, "card_expired");
+  };
+  const auto still_unowned = [this](const Key& key) {
+    return (GetParam() == "sqlite" ? sqlite_->find(key) : postgres_->find(key)).has_value();
+  };
+  const Key fresh = write_unowned("legacy-1");
+  const Key held = write_unowned("p-exp-0");  // the key payments.credit holds already
+  const Ran listed = run("gates");
+  EXPECT_NE(listed.err.find("2 rows belong to no gate"), std::string::npos) << listed.err;
+
+  const Ran refused = run("adopt", {"--execute"});
+  EXPECT_EQ(refused.rc, 2) << refused.err;
+  EXPECT_NE(refused.err.find("--gate"), std::string::npos) << refused.err;
+
+  const json dry = run_json("adopt", {"--gate", payments});
+  EXPECT_EQ(dry["executed"], false);
+  EXPECT_EQ(dry["would_adopt"], 2);
+  EXPECT_FALSE(status(payments, fresh)) << "a dry run changed a row";
+
+  const json done = run_json("adopt", {"--gate", payments, "--execute", "--batch", "1"});
+  EXPECT_EQ(done["adopted"], 1);
+  EXPECT_EQ(done["left_unowned"], 1);
+  EXPECT_EQ(status(payments, fresh), RecordStatus::failed);
+  EXPECT_EQ(status(payments, held), RecordStatus::failed);
+  EXPECT_FALSE(still_unowned(fresh));
+  EXPECT_TRUE(still_unowned(held)) << "a key the gate holds was adopted over its own row";
+  EXPECT_FALSE(status(slots, fresh));
+  EXPECT_EQ(run("adopt", {"--gate", payments, "--execute"}).rc, 1) << "nothing left to adopt";
+}
+
 TEST_P(OperatorCommand, SignalsPerGateAndTheirAlarms) {
   // The in-flight row is ten days old: stranded, an alarm, exit 1.
   const json signals = run_json("signals", {"--window", "30d"}, 1);

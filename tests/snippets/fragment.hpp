@@ -5,6 +5,7 @@
 // Headers without a prelude of their own use this one too.
 #include "context.hpp"
 
+#include <idemgate/consumer/disposition.hpp>
 #include <idemgate/store/sqlite.hpp>
 
 #if __has_include(<httplib.h>)  // the console examples (idemgate::console)

@@ -254,7 +254,55 @@ class Commands {
       table.print(stdout);
     else
       std::fprintf(stderr, "the log %s has no rows of any gate\n", c_.table.c_str());
+    if (const std::int64_t unowned = root_.count(RowQuery{}); unowned > 0)
+      std::fprintf(stderr,
+                   "%lld row%s belong%s to no gate (written before logs knew their gates): "
+                   "`idemgate adopt --gate NAME` gives them to the gate that wrote them\n",
+                   static_cast<long long>(unowned), unowned == 1 ? "" : "s",
+                   unowned == 1 ? "s" : "");
     return out.empty() ? exit_nothing : exit_ok;
+  }
+
+  /// `adopt`: gives the rows that belong to no gate (written before logs knew their gates) to
+  /// gate `name`, `batch` rows per statement; a key the gate already holds is left unowned.
+  int adopt(std::size_t batch, bool execute) {
+    if (batch == 0) throw UsageError("--batch must be at least 1");
+    if (c_.gate.empty())
+      throw UsageError(
+          "adopt needs --gate NAME: the gate that wrote the rows, as its consumer names it");
+    Store gate = scope(true).front();
+    const std::int64_t unowned = root_.count(RowQuery{});
+    std::int64_t adopted = 0;
+    if (execute) {
+      Progress progress(c_.progress);
+      for (;;) {
+        const std::size_t n = gate.adopt_unowned_rows(batch);
+        adopted += static_cast<std::int64_t>(n);
+        progress.show("adopted " + std::to_string(adopted) + " of " + std::to_string(unowned) +
+                      " rows");
+        if (n < batch) break;
+      }
+      progress.done();
+    }
+    const std::int64_t left = execute ? root_.count(RowQuery{}) : unowned;
+    if (c_.json) {
+      print_json({{"executed", execute},
+                  {"gate", gate.gate()},
+                  {execute ? "adopted" : "would_adopt", execute ? adopted : unowned},
+                  {"left_unowned", left}});
+    } else if (execute) {
+      std::printf("adopted %lld row%s into gate %s; %lld left without a gate%s\n",
+                  static_cast<long long>(adopted), adopted == 1 ? "" : "s",
+                  std::string(gate.gate()).c_str(), static_cast<long long>(left),
+                  left > 0 ? " (keys the gate already holds)" : "");
+    } else {
+      std::printf(
+          "dry run: %lld row%s without a gate would be given to gate %s (keys it already "
+          "holds stay as they are); add --execute to adopt them\n",
+          static_cast<long long>(unowned), unowned == 1 ? "" : "s",
+          std::string(gate.gate()).c_str());
+    }
+    return (execute ? adopted : unowned) == 0 ? exit_nothing : exit_ok;
   }
 
   /// `signals`: the signals of each gate over `window`, and the alarms they raise.

@@ -76,6 +76,7 @@ int dispatch(const std::string& which, Store root, Args& a) {
     a.redrive.batch = a.batch;
     return run.redrive(a.redrive, a.execute);
   }
+  if (which == "adopt") return run.adopt(a.batch, a.execute);
   if (which == "purge") {
     if (a.older_than.empty()) throw UsageError("purge needs --older-than, such as 30d");
     return run.purge(parse_duration(a.older_than), a.batch, a.execute);
@@ -301,6 +302,17 @@ int main(int argc, char** argv) {
   purge->add_option("--older-than", a.older_than, "Rows that finished this long ago (30d)")
       ->required();
   purge->add_option("--batch", a.batch, "Rows per statement (default 1000)");
+
+  auto* adopt = app.add_subcommand(
+      "adopt",
+      "Give the rows that belong to no gate (written before logs knew their gates) to the gate "
+      "named by --gate (a dry run unless --execute)");
+  add_common(*adopt, a, true);
+  adopt->add_flag("--execute", a.execute,
+                  "Change the rows (without it: a dry run that changes nothing)");
+  adopt->add_flag("--progress", a.common.progress,
+                  "Show progress even when standard error is not a terminal");
+  adopt->add_option("--batch", a.batch, "Rows per statement (default 1000)");
 
   auto* key = app.add_subcommand(
       "key", "The key derive_key gives for a scope and the upstream's ids (no store needed)");
