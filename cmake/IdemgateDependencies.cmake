@@ -82,3 +82,6 @@ idemgate_component(testing DEBIAN libgtest-dev NEEDS "GoogleTest"
   FIND GTest GTest::gtest gtest)
 idemgate_component(prometheus DEBIAN prometheus-cpp-dev NEEDS "prometheus-cpp"
   FIND prometheus-cpp prometheus-cpp::core prometheus-cpp-core)
+# The operator console (console/): served by the application's own cpp-httplib server.
+idemgate_component(console DEBIAN libcpp-httplib-dev NEEDS "cpp-httplib"
+  FIND httplib httplib::httplib cpp-httplib)
