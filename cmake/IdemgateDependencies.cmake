@@ -78,9 +78,14 @@ idemgate_component(sqlite DEBIAN libsqlite3-dev NEEDS "SQLite 3"
   FIND SQLite3 SQLite::SQLite3 sqlite3)
 idemgate_component(http DEBIAN libcpp-httplib-dev NEEDS "cpp-httplib with OpenSSL"
   FIND httplib httplib::httplib cpp-httplib OpenSSL OpenSSL::SSL libssl)
-idemgate_component(beast DEBIAN libboost-dev NEEDS "Boost.Beast (the Boost headers)"
-  FIND Boost Boost::headers -)
 idemgate_component(testing DEBIAN libgtest-dev NEEDS "GoogleTest"
   FIND GTest GTest::gtest gtest)
 idemgate_component(prometheus DEBIAN prometheus-cpp-dev NEEDS "prometheus-cpp"
   FIND prometheus-cpp prometheus-cpp::core prometheus-cpp-core)
+# The operator console (console/): served by the application's own cpp-httplib server.
+idemgate_component(console DEBIAN libcpp-httplib-dev NEEDS "cpp-httplib"
+  FIND httplib httplib::httplib cpp-httplib)
+# The server side's Boost.Beast adapter (server/beast.hpp); its core and its cpp-httplib adapter
+# need nothing more than the core and idemgate::http.
+idemgate_component(beast DEBIAN libboost-dev NEEDS "Boost.Beast (the Boost headers)"
+  FIND Boost Boost::headers -)
