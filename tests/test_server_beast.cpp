@@ -156,7 +156,7 @@ TEST_F(BeastServer, TheLookupFindsTheStoredResponseByKey) {
   EXPECT_EQ(send(api.port(), http::verb::get, "/claims?idempotency_key=b-2", "", "").result_int(),
             404u);
   ASSERT_EQ(send(api.port(), http::verb::post, "/claims", "\"b-2\"", "{}").result_int(), 201u);
-  const auto found = send(api.port(), http::verb::get, "/claims?x=1&idempotency_key=b-2", "", "");
+  const auto found = send(api.port(), http::verb::get, "/claims?x=1&idempotency_key=b%2D2", "", "");
   EXPECT_EQ(found.result_int(), 201u);
   EXPECT_EQ(found.body(), R"({"claim":1})");
   EXPECT_EQ(header(found, "Idempotent-Replayed"), "true");

@@ -17,6 +17,30 @@ using BeastRequest = boost::beast::http::request<boost::beast::http::string_body
 /// A Beast response with a string body, as the adapter answers.
 using BeastResponse = boost::beast::http::response<boost::beast::http::string_body>;
 
+namespace detail {
+
+/// A query value with its %XX escapes (and '+' as a space) decoded; a malformed escape is kept.
+inline std::string percent_decoded(std::string_view in) {
+  const auto digit = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '%' && i + 2 < in.size() && digit(in[i + 1]) >= 0 && digit(in[i + 2]) >= 0) {
+      out += static_cast<char>(digit(in[i + 1]) * 16 + digit(in[i + 2]));
+      i += 2;
+    } else {
+      out += in[i] == '+' ? ' ' : in[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
 /// The endpoint's request for a Beast request, from `client` (the target is the path, without
 /// the query). Several `Idempotency-Key` lines are combined into one value, which `Endpoint`
 /// refuses with 400.
@@ -67,8 +91,8 @@ template <class Store, class Handler>
 
 /**
  * Answers the lookup a consumer's reconciler makes (`HttpDownstream`'s `lookup_call`):
- * `GET <path>?<parameter>=<key>` gets what `endpoint` stored for the request `method target`
- * under that key from `client`, or 404 (400 without the parameter).
+ * `GET <path>?<parameter>=<key>` (the key percent-decoded) gets what `endpoint` stored for the
+ * request `method target` under that key from `client`, or 404 (400 without the parameter).
  */
 template <class Store>
 [[nodiscard]] BeastResponse answer_lookup(Endpoint<Store>& endpoint, const BeastRequest& req,
@@ -82,7 +106,9 @@ template <class Store>
     const std::string_view pair = query.substr(0, end);
     const auto eq = pair.find('=');
     if (eq != std::string_view::npos && pair.substr(0, eq) == parameter)
-      return to_beast_response(endpoint.lookup(client, method, target, pair.substr(eq + 1)), req);
+      return to_beast_response(
+          endpoint.lookup(client, method, target, detail::percent_decoded(pair.substr(eq + 1))),
+          req);
     query = end == std::string_view::npos ? "" : query.substr(end + 1);
   }
   return to_beast_response(
