@@ -86,6 +86,13 @@ idemgate_component(testing DEBIAN libgtest-dev NEEDS "GoogleTest"
   FIND GTest GTest::gtest gtest)
 idemgate_component(prometheus DEBIAN prometheus-cpp-dev NEEDS "prometheus-cpp"
   FIND prometheus-cpp prometheus-cpp::core prometheus-cpp-core)
+# The operator console (console/): served by the application's own cpp-httplib server.
+idemgate_component(console DEBIAN libcpp-httplib-dev NEEDS "cpp-httplib"
+  FIND httplib httplib::httplib cpp-httplib)
+# The server side's Boost.Beast adapter (server/beast.hpp); its core and its cpp-httplib adapter
+# need nothing more than the core and idemgate::http.
+idemgate_component(beast DEBIAN libboost-dev NEEDS "Boost.Beast (the Boost headers)"
+  FIND Boost Boost::headers -)
 # The NATS C client: Debian's libnats-dev ships a CMake config that names a static library the
 # package does not contain (loading it is a fatal error), so only its pkg-config module is used.
 idemgate_component(nats DEBIAN libnats-dev NEEDS "the NATS C client (libnats)"

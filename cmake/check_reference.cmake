@@ -12,6 +12,8 @@ set(options_structs
   "downstream/http.hpp:HttpOptions"
   "webhook/verification.hpp:WebhookOptions"
   "metrics/prometheus_cpp.hpp:RegistryOptions"
+  "server/endpoint.hpp:EndpointOptions"
+  "server/key_header.hpp:KeyHeaderRules"
   "consumer/nats.hpp:JetStreamOptions")
 
 file(READ ${SOURCE_DIR}/docs/reference.md reference)

@@ -13,6 +13,8 @@ IDEMGATE_PACKAGES=(
   prometheus prometheus-cpp-dev doxygen
   spin patch
   rabbitmq-server librabbitmq-dev
+  chromium chromium-driver python3-selenium
+  curl python3-requests libboost-dev
   nats-server libnats-dev
 )
 
