@@ -80,10 +80,10 @@ struct JetStreamOptions {
   std::uint32_t batch = 16;
   /// How long one fetch waits for messages; also how soon a stop is noticed while idle.
   std::chrono::milliseconds fetch_wait{500};
-  /// The stream of dead letters; empty means `<stream>_DEAD`.
+  /// The stream of dead letters; empty means the stream's name followed by `_DEAD`.
   std::string dead_letter_stream;
-  /// The subject dead letters are published to; empty means `idemgate.dead.<stream>`. It must not
-  /// be captured by `stream`.
+  /// The subject dead letters are published to; empty means the stream's name after the prefix
+  /// "idemgate.dead.". It must not be captured by `stream`.
   std::string dead_letter_subject;
   /// How long the dead-letter stream keeps a letter; 0 keeps it until a human deletes it.
   std::chrono::milliseconds dead_letter_max_age{0};
@@ -170,9 +170,10 @@ struct JetStreamStats {
  *   another consumer takes the message at once;
  * - `dead_letter`: the message is published to the dead-letter subject (with the headers
  *   `Idemgate-Stream`, `Idemgate-Stream-Sequence`, `Idemgate-Subject`, `Idemgate-Deliveries`,
- *   `Idemgate-Status` and `Idemgate-Reason`, and `Nats-Msg-Id` `<stream>:<sequence>`, so that
- *   the dead-letter stream drops a second copy within its duplicate window), then terminated
- *   (`Term`). Data the function cannot decode is dead-lettered the same way.
+ *   `Idemgate-Status` and `Idemgate-Reason`, and a `Nats-Msg-Id` of the stream's name, a colon
+ *   and the sequence, so that the dead-letter stream drops a second copy within its duplicate
+ *   window), then terminated (`Term`). Data the function cannot decode is dead-lettered the same
+ *   way.
  *
  * When the gate throws (the database is down), no message of the batch is acked or
  * dead-lettered: each is redelivered after `retry_delay`, doubled for each earlier delivery, at
