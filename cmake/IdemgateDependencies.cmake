@@ -82,3 +82,10 @@ idemgate_component(testing DEBIAN libgtest-dev NEEDS "GoogleTest"
   FIND GTest GTest::gtest gtest)
 idemgate_component(prometheus DEBIAN prometheus-cpp-dev NEEDS "prometheus-cpp"
   FIND prometheus-cpp prometheus-cpp::core prometheus-cpp-core)
+# The broker consumers (include/idemgate/consumer/): RabbitMQ over rabbitmq-c, whose Debian
+# package ships a CMake package and a pkg-config module; Redis Streams over hiredis (pkg-config
+# only on Debian 12's 0.14, a CMake package from 1.0 on).
+idemgate_component(amqp DEBIAN librabbitmq-dev NEEDS "rabbitmq-c (librabbitmq)"
+  FIND rabbitmq-c rabbitmq::rabbitmq librabbitmq)
+idemgate_component(redis_streams DEBIAN libhiredis-dev NEEDS "hiredis"
+  FIND hiredis hiredis::hiredis hiredis)
