@@ -1,28 +1,29 @@
 // Books ECT Delta slots for Portbase notifications taken from a RabbitMQ queue, exactly once
-// however often the broker delivers them: manual acknowledgements, a prefetch limit, the gate on
-// PostgreSQL in front of the terminal's slot API, and a reconciler for what a crash leaves in
+// however often the broker delivers them. The consumer loop (manual acknowledgements, batches
+// of the prefetch, dead letters, reconnecting) is the library's idemgate::amqp component; this
+// is the application's part: the notification's key and request, the gate on PostgreSQL in
+// front of the terminal's slot API, the booking, and a reconciler for what a crash leaves in
 // flight.
 //
 //   rabbitmq_consumer --pg URI --terminal URL [--amqp HOST:PORT] [--queue NAME]
 //                     [--prefetch N] [--requeue-delay-ms MS] [--lease-ms MS]
 //                     [--reconcile-interval-ms MS] [--stale-after-ms MS] [--max-attempts N]
-//                     [--no-reconciler] [--grace-ms MS]
+//                     [--no-reconciler] [--grace-ms MS] [--max-deliveries N]
 //
 // Each flag may be given by environment instead: IDEMGATE_PG, IDEMGATE_TERMINAL, IDEMGATE_AMQP,
 // IDEMGATE_QUEUE. Gate and reconciler options not given keep the library's defaults.
 //
-// It prints one line per event on stdout: "ready" once consuming, "begin <notification>
-// <redelivered 0|1>" when a delivery is taken, "done <notification> <status> <disposition>" when
-// it is settled, "error <notification> <what>" when the store failed (the message is requeued),
-// "requeue in-hand" when a SIGTERM's grace (--grace-ms, default 20000) ran out with a message
-// unfinished, "stopped" once stopped. Exit status: 0 after SIGTERM, 2 for bad arguments, 3 when
-// the broker or the database cannot be used.
-
-#include "amqp_consumer.hpp"
+// It prints one line per event on stdout: "ready" once started, "begin <notification>
+// <deliveries>" when a delivery is taken (the broker's count, 1 the first time), "done
+// <notification> <status> <disposition>" when it is settled, "error <notification> redeliver"
+// when the store failed (the message is requeued), "requeue in-hand" when a SIGTERM's grace
+// (--grace-ms, default 20000) ran out with messages unfinished, "stopped" once stopped. Exit
+// status: 0 after SIGTERM, 2 for bad arguments, 3 when the broker or the database cannot be used.
 
 #include <ect_delta/portbase.hpp>
 #include <ect_delta/slot_api.hpp>
 
+#include <idemgate/consumer/amqp.hpp>
 #include <idemgate/detail/postgres/pqxx_compat.hpp>
 #include <idemgate/downstream/http.hpp>
 #include <idemgate/gate.hpp>
@@ -35,7 +36,6 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -51,6 +51,7 @@ struct Arguments {
   std::string pg;
   std::string terminal;
   int prefetch = 4;
+  std::uint32_t max_deliveries = 10;
   std::chrono::milliseconds requeue_delay{500};
   std::chrono::milliseconds grace{20'000};
   idemgate::GateOptions gate;
@@ -63,7 +64,7 @@ struct Arguments {
             << "\nusage: rabbitmq_consumer --pg URI --terminal URL [--amqp HOST:PORT] "
                "[--queue NAME] [--prefetch N] [--requeue-delay-ms MS] [--lease-ms MS] "
                "[--reconcile-interval-ms MS] [--stale-after-ms MS] [--max-attempts N] "
-               "[--no-reconciler] [--grace-ms MS]\n";
+               "[--no-reconciler] [--grace-ms MS] [--max-deliveries N]\n";
   std::exit(2);
 }
 
@@ -102,6 +103,8 @@ Arguments parse(int argc, char** argv) {
       args.terminal = value();
     } else if (arg == "--prefetch") {
       args.prefetch = static_cast<int>(whole_number(arg, value(), 1, 65535));
+    } else if (arg == "--max-deliveries") {
+      args.max_deliveries = static_cast<std::uint32_t>(whole_number(arg, value(), 1, 1000));
     } else if (arg == "--requeue-delay-ms") {
       args.requeue_delay = millis(0);
     } else if (arg == "--lease-ms") {
@@ -146,67 +149,10 @@ std::optional<ect_delta::Notification> parse_notification(const std::string& bod
   return ect_delta::Notification{std::move(*id), std::move(*container), std::move(*window)};
 }
 
-/// The message being worked on, shared with the thread that stops the consumer, which requeues it
-/// when the grace runs out before the gate finished it. The channel is used under `mutex`.
-struct InHand {
-  std::mutex mutex;
-  std::optional<std::uint64_t> tag;
-};
-
-/// Takes messages and puts each through the gate until a stop is requested.
-template <class Gate>
-void consume(const Arguments& args, Gate& gate, amqp_example::Channel& channel, InHand& hand,
-             const idemgate::StopSignal& stop) {
-  // Settles the message in hand, unless the stopping thread requeued it already.
-  auto settle = [&](std::uint64_t tag, amqp_example::Disposition disposition) {
-    std::lock_guard lock(hand.mutex);
-    if (hand.tag != tag) return false;
-    channel.settle(tag, disposition);
-    hand.tag.reset();
-    return true;
-  };
-  // A pause before a requeue keeps a failing event from spinning; not while stopping.
-  auto pause = [&] { (void)stop.wait_for(args.requeue_delay); };
-  while (!stop.requested()) {
-    std::optional<amqp_example::Delivery> delivery;
-    {
-      std::lock_guard lock(hand.mutex);
-      delivery = channel.next(200ms);
-      if (delivery) hand.tag = delivery->tag;
-    }
-    if (!delivery) continue;
-    const auto notification = parse_notification(delivery->body);
-    if (!notification) {
-      settle(delivery->tag, amqp_example::Disposition::dead_letter);
-      say("done - malformed dead-letter");
-      continue;
-    }
-    const std::string& id = notification->notification_id;
-    say("begin " + id + (delivery->redelivered ? " 1" : " 0"));
-    // The key comes from what Portbase controls, never from the broker's delivery tag.
-    const auto key = idemgate::derive_key("ect.claim_slot", id, notification->equipment_number);
-    try {
-      // While stopping, `process` answers `retry`: the message goes back to the broker.
-      const auto result =
-          gate.process(key, {notification->equipment_number, notification->preferred_window});
-      const auto disposition = amqp_example::disposition(result.status());
-      if (disposition == amqp_example::Disposition::requeue) pause();
-      if (settle(delivery->tag, disposition))
-        say("done " + id + " " + std::string(idemgate::to_string(result.status())) + " " +
-            std::string(amqp_example::to_string(disposition)));
-    } catch (const idemgate::CodecError&) {
-      // The notification cannot be a slot request (a control character in a field).
-      settle(delivery->tag, amqp_example::Disposition::dead_letter);
-      say("done " + id + " malformed dead-letter");
-    } catch (const std::exception& e) {
-      // The store failed (database down, commit fate unknown): never ack; the redelivery or the
-      // reconciler finishes the event.
-      std::cerr << "rabbitmq_consumer: " << id << ": " << e.what() << '\n';
-      pause();
-      if (settle(delivery->tag, amqp_example::Disposition::requeue))
-        say("error " + id + " requeue");
-    }
-  }
+/// The notification's id for the output lines; "-" when the body is not a notification.
+std::string id_of(std::string_view body) {
+  const auto n = parse_notification(std::string(body));
+  return n ? n->notification_id : "-";
 }
 
 int run(const Arguments& args, idemgate::StopSignal& stop) {
@@ -232,41 +178,58 @@ int run(const Arguments& args, idemgate::StopSignal& stop) {
   idemgate::Reconciler reconciler{gate, args.reconciler};
   if (args.run_reconciler) reconciler.start();
 
-  amqp_example::Channel channel{amqp_example::Endpoint::parse(args.amqp)};
-  channel.declare_with_dead_letter(args.queue);
-  channel.consume(args.queue, static_cast<std::uint16_t>(args.prefetch));
+  // The key comes from what Portbase controls, never from the broker's delivery tag or message
+  // id, which are new on every delivery: a key made of them would never see a duplicate.
+  auto decode = [](std::string_view body)
+      -> std::optional<idemgate::consumer::Event<ect_delta::SlotRequest>> {
+    auto n = parse_notification(std::string(body));
+    if (!n) return std::nullopt;  // dead-lettered
+    return idemgate::consumer::Event<ect_delta::SlotRequest>{
+        idemgate::derive_key("ect.claim_slot", n->notification_id, n->equipment_number),
+        {n->equipment_number, n->preferred_window}};
+  };
+  idemgate::consumer::AmqpOptions options;
+  options.address = args.amqp;
+  options.queue = args.queue;
+  options.prefetch = static_cast<std::uint16_t>(args.prefetch);
+  options.poison.max_deliveries = args.max_deliveries;
+  options.redelivery_delay = args.requeue_delay;
+  options.on_received = [](const idemgate::consumer::Received& r) {
+    say("begin " + id_of(r.body) + " " + std::to_string(r.deliveries));
+  };
+  options.on_settled = [](const idemgate::consumer::Settlement& s) {
+    const std::string id = id_of(s.body);
+    const std::string disposition(idemgate::consumer::to_string(s.disposition));
+    if (s.status)
+      say("done " + id + " " + std::string(idemgate::to_string(*s.status)) + " " + disposition);
+    else if (s.disposition == idemgate::consumer::Disposition::dead_letter)
+      say("done " + id + " malformed " + disposition);
+    else {  // the store failed: the reason goes to stderr
+      std::cerr << "rabbitmq_consumer: " << id << ": " << s.reason << '\n';
+      say("error " + id + " " + disposition);
+    }
+  };
+  options.on_error = [](std::string_view what) {
+    std::cerr << "rabbitmq_consumer: " << what << " (connecting again)\n";
+  };
+  idemgate::consumer::AmqpConsumer consumer{gate, decode, options};
   say("ready");
 
-  InHand hand;
-  std::exception_ptr failure;
-  std::thread consumer([&] {
-    try {
-      consume(args, gate, channel, hand, stop);
-    } catch (...) {  // the broker went away: stop, and report it below
-      failure = std::current_exception();
-      stop.request();
-    }
-  });
+  std::thread loop([&] { consumer.run(stop); });
   stop.wait();  // SIGTERM from the deployment, or Ctrl-C
-  // The gate takes no new work, the reconciler ends its pass, the message in hand gets what is
-  // left of the grace; if it is still running then, its lease was given back...
+  // The gate takes no new work, the reconciler ends its pass, the messages in hand get what is
+  // left of the grace; if one is still running then, its lease was given back...
   const auto report = idemgate::stop_gracefully(args.grace, gate, reconciler);
   if (!report.clean()) {
-    // ...and the message goes back to the broker now, so a redelivery takes the event over at
-    // once. Never acked: if the call still commits, the redelivery finds it done.
-    std::lock_guard lock(hand.mutex);
-    if (hand.tag) {
-      channel.settle(*hand.tag, amqp_example::Disposition::requeue);
-      hand.tag.reset();
-      say("requeue in-hand");
-    }
+    // ...and the messages go back to the broker now, so a redelivery takes the events over at
+    // once. Never acked: if a call still commits, the redelivery finds it done.
+    if (consumer.requeue_in_hand() > 0) say("requeue in-hand");
     say("stopped");
     // The call in hand may hang on the terminal; closing the connection at exit hands the
     // prefetched messages back.
     std::_Exit(0);
   }
-  consumer.join();
-  if (failure) std::rethrow_exception(failure);
+  loop.join();
   say("stopped");
   return 0;
 }

@@ -16,7 +16,7 @@
 
 #include <ect_delta/slot_api.hpp>
 #include <ect_delta/terminal_server.hpp>
-#include <rabbitmq_consumer/amqp_consumer.hpp>
+#include <idemgate/detail/amqp/channel.hpp>
 #include <support/line_process.hpp>
 #include <support/pg_fault_proxy.hpp>
 
@@ -54,6 +54,14 @@ namespace {
 using namespace std::chrono_literals;
 using idemgate::test::LineProcess;
 using Clock = std::chrono::system_clock;
+
+/// The broker's host:port as the AMQP channel takes it.
+idemgate::detail::amqp::Endpoint amqp_endpoint(const std::string& address) {
+  idemgate::detail::amqp::Endpoint e;
+  e.host = address.substr(0, address.rfind(':'));
+  e.port = std::stoi(address.substr(address.rfind(':') + 1));
+  return e;
+}
 
 // ---- arguments ------------------------------------------------------------------------------
 
@@ -537,8 +545,8 @@ int run(const Options& o) {
                               "&gssencmode=disable";
 
   const std::string queue = "chaos." + std::to_string(::getpid());
-  amqp_example::Channel channel{amqp_example::Endpoint::parse(o.amqp)};
-  channel.declare_with_dead_letter(queue);
+  idemgate::detail::amqp::Channel channel{amqp_endpoint(o.amqp)};
+  channel.declare_quorum_with_dead_letter(queue, queue + ".dlx", queue + ".dead");
 
   std::vector<Notification> notifications;
   for (int i = 0; i < o.notifications; ++i)
@@ -561,7 +569,7 @@ int run(const Options& o) {
   const auto window = o.short_run ? 30s : 100s;
   std::atomic<bool> published{false};
   std::thread publisher([&] {
-    amqp_example::Channel out{amqp_example::Endpoint::parse(o.amqp)};
+    idemgate::detail::amqp::Channel out{amqp_endpoint(o.amqp)};
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < all.size(); ++i) {
       std::this_thread::sleep_until(start + window * i / all.size());
@@ -730,7 +738,7 @@ int run(const Options& o) {
     keys_with_one_slot += slots == 1;
     most_slots_per_container = std::max(most_slots_per_container, terminal.slots_for(n.container));
   }
-  const auto dead_lettered = channel.ready(amqp_example::dead_letter_queue(queue));
+  const auto dead_lettered = channel.ready(queue + ".dead");
 
   bool recovered_all = true;
   double slowest = 0;
@@ -796,7 +804,7 @@ int run(const Options& o) {
        << ",\"deliveries\":" << consumers.count("begin ")
        << ",\"redeliveries\":" << (consumers.count("begin ") - all.size())
        << ",\"store_errors\":" << consumers.count("error ")
-       << ",\"retries\":" << consumers.count("done ", " retry requeue")
+       << ",\"retries\":" << consumers.count("done ", " retry redeliver")
        << ",\"containers_booked_once\":" << booked_once
        << ",\"containers_booked_more_than_once\":" << booked_twice
        << ",\"containers_not_booked\":" << not_booked
