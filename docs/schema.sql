@@ -17,6 +17,8 @@ CREATE TABLE IF NOT EXISTS idemgate_log (
   duplicates  bigint      NOT NULL DEFAULT 0,
   holder      bigint      NOT NULL DEFAULT 0,
   attempts    bigint      NOT NULL DEFAULT 1,
+  label       text,
+  history     jsonb,
   created_at  timestamptz NOT NULL DEFAULT now(),
   updated_at  timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (gate, key),
@@ -30,6 +32,10 @@ ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS attempts bigint NOT NULL DEFAU
 -- Added in 0.3: the gate a row belongs to. Rows written before belong to no gate ('')
 -- until an operator gives them to one (adopt_unowned_rows).
 ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS gate text NOT NULL DEFAULT '';
+-- Added in 0.4: a readable label, kept only when asked, and the newest ends of
+-- attempts and operators' actions. NULL by default: no row is rewritten.
+ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS label text;
+ALTER TABLE idemgate_log ADD COLUMN IF NOT EXISTS history jsonb;
 -- Downstream answers that differed from the stored one (healthy: empty).
 CREATE TABLE IF NOT EXISTS idemgate_log_mismatches (
   gate        text        NOT NULL DEFAULT '',
@@ -46,9 +52,11 @@ CREATE INDEX IF NOT EXISTS idemgate_log_mismatches_at ON idemgate_log_mismatches
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS idemgate_log_gate_key ON idemgate_log (gate, key);
 ALTER TABLE idemgate_log DROP CONSTRAINT idemgate_log_pkey, ADD CONSTRAINT idemgate_log_pkey PRIMARY KEY USING INDEX idemgate_log_gate_key;
 -- The indexes: the reconciler's scan and the oldest in-flight row per gate, the manual queue per
--- gate, retention and the signals' window (BRIN). Each on its own, outside a transaction block.
+-- gate, failed rows per gate (re-drives, an operator's lists and causes; a commit never writes
+-- to it), retention and the signals' window (BRIN). Each on its own, outside a transaction block.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idemgate_log_gate_in_flight ON idemgate_log (gate, lease_until) WHERE status = 'in_flight';
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idemgate_log_gate_escalated ON idemgate_log (gate, updated_at) WHERE status = 'escalated';
+CREATE INDEX CONCURRENTLY IF NOT EXISTS idemgate_log_gate_failed ON idemgate_log (gate, updated_at) WHERE status = 'failed';
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idemgate_log_created ON idemgate_log USING brin (created_at);
 DROP INDEX CONCURRENTLY IF EXISTS idemgate_log_in_flight;
 DROP INDEX CONCURRENTLY IF EXISTS idemgate_log_escalated;

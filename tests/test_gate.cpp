@@ -399,3 +399,45 @@ TEST(Gate, EscalatedEventWhoseStoredRequestNoLongerDecodesCanBeResolvedByHand) {
                                    [](auto&, const Key&, std::string_view, const std::string&) {}))
       << "resolved already";
 }
+
+TEST(Gate, LabelsAreKeptOnlyWhenAskedAndNeverChangeTheKey) {
+  const auto labelled = idemgate::derive_labelled_key("ect.claim_slot", "CIS-1", "MSKU7000037");
+  EXPECT_EQ(labelled.key, key) << "the same key as derive_key";
+  EXPECT_EQ(labelled.label, "ect.claim_slot CIS-1 MSKU7000037");
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  MemoryBookings bookings;
+  Gate plain{"ect.claim_slot", store, terminal, bookings.writer()};
+  EXPECT_EQ(plain.process(labelled, msku).status(), Status::processed);
+  EXPECT_EQ(plain.store().find(key)->label, "") << "off by default";
+  Gate keeping{"ect.cancel_slot", store, terminal, bookings.writer(), {.keep_labels = true}};
+  EXPECT_EQ(keeping.process(labelled, msku).status(), Status::processed);
+  EXPECT_EQ(keeping.store().find(key)->label, "ect.claim_slot CIS-1 MSKU7000037");
+  EXPECT_EQ(keeping.store().rows({.label_contains = "CIS-1"}).size(), 1u);
+  EXPECT_EQ(keeping.process(labelled, msku).status(), Status::duplicate);
+}
+
+TEST(Gate, GroupCommitKeepsTheLabelsOfItsReservations) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  MemoryBookings bookings;
+  Gate gate{"ect.claim_slot",
+            store,
+            terminal,
+            bookings.writer(),
+            {.coalesce = {.enabled = true, .window = 5ms, .max_events = 4}, .keep_labels = true}};
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 4; ++i)
+    workers.emplace_back([&, i] {
+      const auto k = idemgate::derive_labelled_key("ect.claim_slot", "CIS-" + std::to_string(i),
+                                                   "MSKU7000037");
+      EXPECT_EQ(gate.process(k, msku).status(), Status::processed);
+    });
+  for (auto& w : workers) w.join();
+  for (int i = 0; i < 4; ++i) {
+    const auto k =
+        idemgate::derive_key("ect.claim_slot", "CIS-" + std::to_string(i), "MSKU7000037");
+    EXPECT_EQ(gate.store().find(k)->label,
+              "ect.claim_slot CIS-" + std::to_string(i) + " MSKU7000037");
+  }
+}

@@ -1424,6 +1424,12 @@ TEST(SqliteStore, ALogMissingAColumnSaysToCallMigrateUntilItIsCalled) {
   ASSERT_TRUE(row.has_value());
   EXPECT_EQ(row->attempts, 1) << "rows of the earlier log count their one attempt";
   EXPECT_EQ(row->duplicates, 0);
+  EXPECT_EQ(row->label, "") << "an earlier row has no label";
+  EXPECT_TRUE(row->history.empty()) << "nor a history";
+  EXPECT_EQ(count(path,
+                  "SELECT count(*) FROM pragma_table_info('idemgate_log') WHERE name IN "
+                  "('label', 'history')"),
+            2);
   EXPECT_EQ(reserve(store, idemgate::derive_key("new", "1")).kind, Reservation::Kind::acquired);
 }
 

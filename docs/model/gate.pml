@@ -16,8 +16,6 @@
  *   HEARTBEAT   the gate's heartbeat renews a worker's lease while it works; a renewal may fail
  *               or hang without an answer (F_HB), and the lease may then run out under the
  *               living worker
- *   EXCUSE_D2   with HEARTBEAT: a worker whose lease ran out while a renewal hung may ack
- *               lost_lease (disagreement D2 in the README); without it, the run shows D2
  *   GROUP       two events of one gate; every commit, the reconciler's too, goes through group
  *               commit (GateOptions::coalesce)
  *   GATES       one upstream event, two gates on one log deriving the same key (fan-out): rows
@@ -247,11 +245,13 @@ byte hbt[NW];    /* the worker's ticket: 0 none, 1 held and renewed, 2 given up 
 byte hbfen[NW];  /* the fence the ticket renews */
 bool hbf[NW];    /* failing: the latest renewal answered an error */
 bool hbl[NW];    /* lost: a renewal found the fence gone */
-bool hbexp[NW];  /* the lease ran out since the last renewal that landed */
+bool hbexp[NW];  /* the lease ran out since the last renewal known to have landed started
+                    (Heartbeat::drop's test: none did within the last lease) */
+bool hbdur[NW];  /* the lease ran out since the renewal that hangs was sent */
 bool hbx[NW];    /* ghost: ... and it ran out under the working worker because the heartbeat
                     did not renew it (not a stall of the worker's whole process) */
-bool hbhung[NW]; /* ghost: ... while a renewal hung (EXCUSE_D2) */
 byte hbh;        /* the heartbeat thread's renewal that hangs without an answer (HB_*), 0: none */
+bool hbhx;       /* a lease ran out under its worker while it hangs (one does at most) */
 byte hbin;       /* the tickets it renews (a bit per worker), */
 byte hbkept;     /* those its statement extended, */
 byte hbcur;      /* those still held (not dropped since), */
@@ -259,7 +259,7 @@ byte hbinf[NW];  /* and the fence it renews each with */
 #define HB_HOLD hbt[w] = 1; hbfen[w] = hf
 #define HB_GIVE_UP if :: w < NW -> hbt[w] = 2 :: else -> skip fi
 #define HB_DROP(i) \
-  hbt[i] = 0; hbfen[i] = 0; hbf[i] = 0; hbl[i] = 0; hbexp[i] = 0; hbx[i] = 0; hbhung[i] = 0; \
+  hbt[i] = 0; hbfen[i] = 0; hbf[i] = 0; hbl[i] = 0; hbexp[i] = 0; hbdur[i] = 0; hbx[i] = 0; \
   hbcur = hbcur & ~(1 << (i))
 #else
 #define HB_HOLD skip
@@ -548,16 +548,13 @@ inline lookup() {
 #define DIES HB_DROP(w) /* its heartbeat dies with it */
 #ifdef HEARTBEAT
 /* Gate::start after finish: the ticket is dropped (Heartbeat::drop: the lease may have been lost
-   when a renewal found the fence gone, or renewals failed and the lease ran out since the last
-   one that landed) and Gate::vouch turns lost_lease into retry when it may have been.
+   when a renewal found the fence gone, or when the lease ran out since the last renewal known to
+   have landed was sent, whether later ones failed, hung or were never needed) and Gate::vouch
+   turns lost_lease into retry when it may have been.
    P8: a worker whose lease ran out because its renewals failed or hung (not because its whole
    process stalled) answers retry when its commit was refused, never lost_lease. */
-#define TROUBLE (hbl[w] || (hbf[w] && hbexp[w]))
-#ifdef EXCUSE_D2
-#define P8_CHECK assert(!P8_ && (res != C_LOST || !hbx[w] || hbhung[w]))
-#else
+#define TROUBLE (hbl[w] || hbexp[w])
 #define P8_CHECK assert(!P8_ && (res != C_LOST || !hbx[w]))
-#endif
 inline vouch() {
   atomic {
     if
@@ -852,18 +849,26 @@ group_done:
 #ifdef HEARTBEAT
 /* The holder is a worker still at work (its ticket renewed) and the heartbeat does not renew it:
    its last renewal failed, or the thread waits on a renewal that hangs. The lease runs out, and
-   that fault was the heartbeat's. */
+   that fault was the heartbeat's. One hang lets one lease run out here: in the code the reply
+   watchdog (PostgresOptions::reply_timeout) ends every hang, after a few leases at most, and
+   each lease that runs out meanwhile is the same case; a hang that never ended would let every
+   later attempt's lease run out, each answering retry, and the fences grow without bound. */
 #define HWK(i) ((rhold[i] - 1) / TOKS)
+/* The lease of ticket t ran out under its worker: Heartbeat::drop's clock, since the last renewal
+   known to have landed was sent (and since the renewal that hangs was sent, if t is in it). */
+#define HB_RAN_OUT(t) \
+  hbexp[t] = 1; if :: hbin & (1 << (t)) -> hbdur[t] = 1 :: else -> skip fi
 #define HOLDER_UNRENEWED(i) \
-  (rhold[i] < RB && cur[HWK(i)] == rhold[i] && hbt[HWK(i)] == 1 && (hbf[HWK(i)] || hbh != 0))
+  (rhold[i] < RB && cur[HWK(i)] == rhold[i] && hbt[HWK(i)] == 1 && \
+   (hbf[HWK(i)] || (hbh != 0 && !hbhx)))
 #define EXPIRY(i) \
   :: atomic { rex[i] && rlive[i] && !HOLDER_RUNNING(i) -> rlive[i] = 0; dlive[i] = 0 } \
   :: atomic { rex[i] && rlive[i] && HOLDER_RUNNING(i) && FAULT(F_STALL) -> faults++; \
        rlive[i] = 0; dlive[i] = 0; \
-       if :: rhold[i] < RB && cur[HWK(i)] == rhold[i] -> hbexp[HWK(i)] = 1 :: else -> skip fi } \
+       if :: rhold[i] < RB && cur[HWK(i)] == rhold[i] -> HB_RAN_OUT(HWK(i)) :: else -> skip fi } \
   :: atomic { rex[i] && rlive[i] && HOLDER_UNRENEWED(i) -> \
-       rlive[i] = 0; dlive[i] = 0; hbexp[HWK(i)] = 1; hbx[HWK(i)] = 1; \
-       if :: hbh != 0 -> hbhung[HWK(i)] = 1 :: else -> skip fi }
+       rlive[i] = 0; dlive[i] = 0; HB_RAN_OUT(HWK(i)); hbx[HWK(i)] = 1; \
+       if :: hbh != 0 && !hbf[HWK(i)] -> hbhx = 1 :: else -> skip fi }
 #else
 #define EXPIRY(i) \
   :: atomic { rex[i] && rlive[i] && !HOLDER_RUNNING(i) -> rlive[i] = 0; dlive[i] = 0 } \
@@ -888,10 +893,13 @@ end_clock:
      failing until a renewal lands;
    - a renewal that hangs without an answer (F_HB): the thread waits on it, so no lease of the
      gate is renewed meanwhile; its statement may run later (it extends each lease whose fence
-     holds), and its answer comes later or never before a worker drops its ticket. The answer:
-     an error (the connection's guard gave up) makes every ticket failing; all extended counts as
-     a renewal that landed (Heartbeat::run takes it as renewed when it started); fewer than all,
-     and each lease is extended once more on its own, now. */
+     holds), and its answer comes later or never before a worker drops its ticket. The answer
+     (PostgresStore::renew: one state per lease): an error (the reply watchdog gave up, whether
+     or not the statement ran) makes every ticket failing; otherwise each lease it extended
+     counts as renewed when the renewal was sent (Heartbeat::run), and each other one as lost.
+   A lease whose row another transaction is writing is skipped (`busy`), not waited for: that
+   renewal neither lands nor fails for it, which the model's renewals that are never needed
+   already cover (the lock is the worker's own commit, or a takeover that moves the fence). */
 /* idemgate_extend for worker i's lease under fence f: WHERE key = … AND fence = … AND
    status = 'in_flight' */
 #define EXTENDS(i, f) (rex[WROW(i)] && rst[WROW(i)] == INF && rfence[WROW(i)] == f)
@@ -900,12 +908,12 @@ end_clock:
 #define EXTEND(i) \
   rlive[WROW(i)] = 1; dlive[WROW(i)] = 1; \
   if :: rfence[WROW(i)] == hbfen[i] -> hbx[i] = 0 :: else -> skip fi
-/* ... the same for the hung renewal, for the tickets still held */
+/* ... the same for the hung renewal's statement, for the tickets still held (the heartbeat does
+   not know it ran: hbexp waits for its answer) */
 #define EXTEND_HUNG(i) \
   rlive[WROW(i)] = 1; dlive[WROW(i)] = 1; \
   if \
-  :: hbcur & (1 << i) -> \
-     hbexp[i] = 0; if :: rfence[WROW(i)] == hbfen[i] -> hbx[i] = 0 :: else -> skip fi \
+  :: hbcur & (1 << i) -> if :: rfence[WROW(i)] == hbfen[i] -> hbx[i] = 0 :: else -> skip fi \
   :: else -> skip \
   fi
 #define RENEWING(i) (hbt[i] == 1 && hbh == 0 && !hbl[i])
@@ -917,7 +925,7 @@ end_clock:
        fi } \
   :: atomic { RENEWING(i) && FAULT(F_HB) -> faults++; \
        if \
-       :: EXTENDS(i, hbfen[i]) && !rlive[WROW(i)] -> EXTEND(i); hbexp[i] = 0 /* it landed */ \
+       :: EXTENDS(i, hbfen[i]) && !rlive[WROW(i)] -> EXTEND(i) /* it landed, unknown to it */ \
        :: else -> skip \
        fi; \
        hbf[i] = 1 }
@@ -948,6 +956,7 @@ end_heartbeat:
                     :: RENEWING(i) -> hbin = hbin | (1 << i); hbinf[i] = hbfen[i]
                     :: else -> skip
                     fi);
+       TICKETS(hbin, hbdur[i] = 0);
        hbh = HB_SENT; hbcur = hbin }
   :: atomic { hbh == HB_SENT -> /* its statement runs */
        TICKETS(hbin, if :: EXTENDS(i, hbinf[i]) -> EXTEND_HUNG(i); hbkept = hbkept | (1 << i)
@@ -955,17 +964,14 @@ end_heartbeat:
        hbh = HB_RAN }
   :: atomic { hbh != 0 -> /* its answer, at last */
        if
-       :: hbh == HB_SENT -> TICKETS(hbcur, hbf[i] = 1) /* an error */
-       :: hbh == HB_RAN && hbkept == hbin -> TICKETS(hbcur, hbf[i] = 0) /* all extended */
-       :: hbh == HB_RAN && hbkept != hbin -> /* one extend each, now */
-          TICKETS(hbin, if
-                        :: EXTENDS(i, hbinf[i]) ->
-                           EXTEND_HUNG(i); if :: hbcur & (1 << i) -> hbf[i] = 0 :: else -> skip fi
-                        :: else -> if :: hbcur & (1 << i) -> hbl[i] = 1 :: else -> skip fi
-                        fi)
+       :: TICKETS(hbcur, hbf[i] = 1) /* an error */
+       :: hbh == HB_RAN -> TICKETS(hbcur, if
+                                          :: hbkept & (1 << i) -> hbf[i] = 0; hbexp[i] = hbdur[i]
+                                          :: else -> hbl[i] = 1
+                                          fi)
        fi;
-       TICKETS(255, hbinf[i] = 0);
-       hbh = 0; hbin = 0; hbkept = 0; hbcur = 0 }
+       TICKETS(255, hbinf[i] = 0; hbdur[i] = 0);
+       hbh = 0; hbhx = 0; hbin = 0; hbkept = 0; hbcur = 0 }
   od
 }
 #endif

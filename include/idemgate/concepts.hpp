@@ -15,6 +15,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -79,6 +80,16 @@ concept lease_extending_store = store<S> &&
   { s.extend(held, lease) } -> std::same_as<std::size_t>;
 };
 
+/// Concept: a store that renews held leases in one call and says, per lease, whether it was
+/// extended, its fence is gone, or its row was busy (locked by another transaction: a renewal
+/// never waits behind a commit's row locks). The gate's heartbeat uses it where a store has it;
+/// otherwise it uses `extend`, and one `extend` per lease when fewer were extended than asked.
+template <class S>
+concept lease_renewing_store = lease_extending_store<S> &&
+    requires(S& s, std::span<const HeldLease> held, std::chrono::milliseconds lease) {
+  { s.renew(held, lease) } -> std::same_as<std::vector<LeaseRenewal>>;
+};
+
 /// Concept: a store whose failed events an operator can re-drive: the row goes back in flight
 /// under a new fence with its lease ended, so the next delivery or the reconciler claims again
 /// under the same key.
@@ -87,6 +98,35 @@ concept redrivable_store = store<S> &&
     requires(S& s, const Key& key, std::chrono::system_clock::time_point at, std::size_t limit) {
   { s.redrive_failed(key) } -> std::same_as<std::size_t>;
   { s.redrive_failed(at, at, limit) } -> std::same_as<std::size_t>;
+};
+
+/// Concept: a store that keeps a readable label with a row (`Record::label`): `reserve` with a
+/// `label` writes it with a new row (a key already stored keeps its own). The gate passes one
+/// only when asked (`GateOptions::keep_labels`, `Gate::process_labelled`).
+template <class S>
+concept labelling_store = store<S> &&
+    requires(S& s, const Key& key, const Fingerprint& fingerprint, std::string_view bytes,
+             std::chrono::milliseconds lease) {
+  { s.reserve(key, fingerprint, bytes, lease, bytes) } -> std::same_as<Reservation>;
+};
+
+/**
+ * Concept: a store an operator works with (the `idemgate` command, a console): rows listed and
+ * counted by status, reason, label and time (`rows`, newest change first, at most
+ * `RowQuery::limit`; `count`, the same filter without a limit), failed and escalated rows
+ * grouped by cause (`causes`, most rows first), the failed rows of one cause re-driven at once
+ * (`redrive_cause`: exactly that reason, up to `limit`, as `redrive_failed` does), and the gates
+ * that have rows in the log (`gates`, any handle, sorted; rows of no gate are not a gate). Every
+ * call but `gates` sees only the handle's gate.
+ */
+template <class S>
+concept operable_store = redrivable_store<S> &&
+    requires(S& s, const RowQuery& query, std::string_view reason, std::size_t limit) {
+  { s.rows(query) } -> std::same_as<std::vector<Record>>;
+  { s.count(query) } -> std::same_as<std::int64_t>;
+  { s.causes(limit) } -> std::same_as<std::vector<Cause>>;
+  { s.redrive_cause(reason, limit) } -> std::same_as<std::size_t>;
+  { s.gates() } -> std::same_as<std::vector<std::string>>;
 };
 
 /**

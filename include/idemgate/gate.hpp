@@ -94,6 +94,11 @@ struct GateOptions {
   std::size_t cache_capacity = 0;
   /// Group commit across concurrent `process` calls; off by default (see `Coalescing`).
   Coalescing coalesce{};
+  /// Keeps the readable label of a `LabelledKey` (from `derive_labelled_key`) with a new row, so
+  /// an operator recognises the event and finds it by the upstream's id. Off by default: a label
+  /// holds the key's parts, which may be personal data (docs/operations.md). Needs a store that
+  /// keeps labels (`labelling_store`); others, and `process_batch`, keep none.
+  bool keep_labels = false;
 };
 
 /// What `Gate::stop` did.
@@ -230,11 +235,29 @@ class Gate {
    * takes the message); `stopping()` tells it apart.
    */
   result_type process(const Key& key, const request_type& request) {
-    const auto started = std::chrono::steady_clock::now();
-    Call call(*this);
-    result_type result = call.admitted() ? process_once(key, request) : stopped_result();
-    observer_.on_result(key, result.status(), std::chrono::steady_clock::now() - started);
-    return result;
+    return process_labelled(key, request, {});
+  }
+
+  /**
+   * Like `process(key.key, request)`, and keeps `key.label` with the event's row when
+   * `GateOptions::keep_labels` is on and the store keeps labels; otherwise the label is dropped.
+   * The key is the same either way: turning labels on or off never changes a key.
+   *
+   * Example:
+   *   idemgate::Gate gate{"ect.claim_slot", store, terminal,
+   *                       [](pqxx::work& tx, const SlotRequest& r, const std::string& slot) {
+   *                         book(tx, r, slot);
+   *                       },
+   *                       {.keep_labels = true}};
+   *   auto key = idemgate::derive_labelled_key("ect.claim_slot", n.notification_id,
+   *                                            n.equipment_number);  // "ect.claim_slot CIS-…
+   * MSKU…" auto result = gate.process(key, SlotRequest{n.equipment_number, n.preferred_window});
+   */
+  result_type process(const LabelledKey& key, const request_type& request) {
+    if constexpr (labelling_store<Store>) {
+      if (options_.keep_labels) return process_labelled(key.key, request, key.label);
+    }
+    return process_labelled(key.key, request, {});
   }
 
   /// The observer results are reported to.
@@ -552,11 +575,20 @@ class Gate {
   [[nodiscard]] const GateOptions& options() const noexcept { return options_; }
 
  private:
-  result_type process_once(const Key& key, const request_type& request) {
+  result_type process_labelled(const Key& key, const request_type& request,
+                               std::string_view label) {
+    const auto started = std::chrono::steady_clock::now();
+    Call call(*this);
+    result_type result = call.admitted() ? process_once(key, request, label) : stopped_result();
+    observer_.on_result(key, result.status(), std::chrono::steady_clock::now() - started);
+    return result;
+  }
+
+  result_type process_once(const Key& key, const request_type& request, std::string_view label) {
     const std::string bytes = encode_request(request);
     const Fingerprint fingerprint = detail::sha256(bytes);
     if (auto hit = cache_.get(key)) return answer_cached(*hit, fingerprint);
-    const Reservation reservation = reserve(key, fingerprint, bytes);
+    const Reservation reservation = reserve(key, fingerprint, bytes, label);
     if (reservation.kind == Reservation::Kind::existing) {
       remember(key, fingerprint, reservation);
       return answer_existing(reservation);
@@ -820,6 +852,7 @@ class Gate {
     Key key;
     const Fingerprint* fingerprint = nullptr;
     std::string_view request;
+    std::string_view label;
   };
 
   // One commit waiting for its group; the pointers are its caller's, which waits meanwhile.
@@ -855,8 +888,18 @@ class Gate {
         limits, [this](std::span<typename CommitGroup::Slot* const> g) { run_commits(g); });
   }
 
-  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view bytes) {
-    if (reserve_group_) return reserve_group_->submit({key, &fingerprint, bytes});
+  // `label` is empty unless the gate keeps labels on a store that keeps them.
+  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view bytes,
+                      std::string_view label) {
+    if (reserve_group_) return reserve_group_->submit({key, &fingerprint, bytes, label});
+    return reserve_one(key, fingerprint, bytes, label);
+  }
+
+  Reservation reserve_one(const Key& key, const Fingerprint& fingerprint, std::string_view bytes,
+                          std::string_view label) {
+    if constexpr (labelling_store<Store>) {
+      if (!label.empty()) return store_.reserve(key, fingerprint, bytes, options_.lease, label);
+    }
     return store_.reserve(key, fingerprint, bytes, options_.lease);
   }
 
@@ -868,7 +911,8 @@ class Gate {
         std::vector<ReserveItem> items;
         items.reserve(group.size());
         for (const auto* slot : group)
-          items.push_back({slot->item.key, *slot->item.fingerprint, slot->item.request});
+          items.push_back(
+              {slot->item.key, *slot->item.fingerprint, slot->item.request, slot->item.label});
         std::vector<Reservation> reservations = store_.reserve_batch(items, options_.lease);
         for (std::size_t i = 0; i < group.size(); ++i)
           group[i]->answer = std::move(reservations.at(i));
@@ -878,7 +922,7 @@ class Gate {
     for (auto* slot : group) {
       const ReserveJob& job = slot->item;
       try {
-        slot->answer = store_.reserve(job.key, *job.fingerprint, job.request, options_.lease);
+        slot->answer = reserve_one(job.key, *job.fingerprint, job.request, job.label);
       } catch (...) {
         slot->error = std::current_exception();
       }

@@ -146,6 +146,33 @@ requires(sizeof...(Parts) > 0 && (std::is_convertible_v<const Parts&, std::strin
   return Key(hasher.finish());
 }
 
+/// A key with a readable label of the event it names (see `derive_labelled_key`).
+struct LabelledKey {
+  /// The key: the same as `derive_key` gives for the same scope and parts.
+  Key key;
+  /// The scope and the parts, separated by spaces, e.g.
+  /// "ect.claim_slot CIS-2025-06-09-1001 MSKU7000037".
+  std::string label;
+};
+
+/**
+ * Derives the key of one upstream event, as `derive_key` does, and a readable label of it: the
+ * scope and the parts, separated by spaces. The gate keeps the label with the event's row only
+ * when `GateOptions::keep_labels` is on. Allocates the label; `derive_key` allocates nothing.
+ *
+ * Example:
+ *   auto key = idemgate::derive_labelled_key("ect.claim_slot", n.notification_id,
+ *                                            n.equipment_number);
+ *   // key.key == idemgate::derive_key("ect.claim_slot", n.notification_id, n.equipment_number)
+ */
+template <class... Parts>
+requires(sizeof...(Parts) > 0 && (std::is_convertible_v<const Parts&, std::string_view> && ...))
+    [[nodiscard]] LabelledKey derive_labelled_key(std::string_view scope, const Parts&... parts) {
+  LabelledKey labelled{derive_key(scope, parts...), std::string(scope)};
+  ((labelled.label += ' ', labelled.label += std::string_view(parts)), ...);
+  return labelled;
+}
+
 /// Hash functor for unordered containers keyed by `Key`.
 struct KeyHash {
   /// The first 8 bytes of the digest are already uniformly distributed.

@@ -78,10 +78,11 @@ class LeaseKeeper {
  * while a dead worker's lease runs out one lease after its last renewal.
  *
  * The thread starts with the first lease held and never blocks a caller: `hold` and `drop` only
- * take a short lock, the store is called outside it. A renewal that finds a fence gone, or that
- * keeps failing until the lease has run out, marks that lease as possibly lost; `drop` reports
- * it, so the caller does not ack an event it can no longer vouch for. On a store without `extend`
- * there is no thread and every lease simply runs its length.
+ * take a short lock, the store is called outside it. A renewal that finds a fence gone marks
+ * that lease as lost, and a lease none of whose renewals is known to have landed within the last
+ * lease (they failed, hung, or found its row busy) may be lost; `drop` reports both, so the
+ * caller does not ack an event it can no longer vouch for. On a store without `extend` there is
+ * no thread and every lease simply runs its length.
  */
 template <class Store>
 class Heartbeat {
@@ -112,16 +113,32 @@ class Heartbeat {
   }
 
   /// Stops keeping the lease of `ticket` alive; returns why it may have been lost meanwhile (a
-  /// renewal found its fence gone, renewals failed for longer than the lease, or the gate stopped
-  /// and gave it back), or an empty string when it was kept throughout.
+  /// renewal found its fence gone, no renewal known to have landed started within the last
+  /// lease, or the gate stopped and gave it back), or an empty string when it was kept
+  /// throughout.
+  ///
+  /// "Known to have landed" is what the heartbeat can vouch for: a renewal that answered that it
+  /// extended the lease, counted from when it was sent. A renewal that hangs without an answer
+  /// (a partition; its statement may or may not have run), one that answered an error, and one
+  /// that skipped a busy row do not count: the lease may have run out under this worker and the
+  /// event been taken over, however the renewals ended.
   std::string drop(std::uint64_t ticket) {
     std::lock_guard lock(mutex_);
     const auto it = held_.find(ticket);
     if (it == held_.end()) return {};
-    std::string trouble = std::move(it->second.lost);
-    if (trouble.empty() && !it->second.failing.empty() &&
-        std::chrono::steady_clock::now() - it->second.renewed >= lease_)
-      trouble = "its renewals failed for longer than the lease (" + it->second.failing + ")";
+    const Entry& entry = it->second;
+    std::string trouble = entry.lost;
+    const auto unrenewed = std::chrono::steady_clock::now() - entry.renewed;
+    if (trouble.empty() && enabled_ && unrenewed >= lease_) {
+      trouble =
+          "no renewal of it is known to have landed for " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(unrenewed).count()) +
+          " ms, longer than the lease";
+      if (!entry.failing.empty())
+        trouble += " (its renewals failed: " + entry.failing + ")";
+      else if (renewing_)
+        trouble += " (a renewal is still waiting for an answer)";
+    }
     held_.erase(it);
     return trouble;
   }
@@ -192,7 +209,8 @@ class Heartbeat {
       renewing_ = true;
       lock.unlock();
       const auto started = std::chrono::steady_clock::now();
-      std::vector<int> kept(leases.size(), 1);  // 1 extended, 0 fence gone, -1 unknown
+      // 1 extended, 0 fence gone, -1 unknown (an error), 2 busy (the row was being written)
+      std::vector<int> kept(leases.size(), 1);
       std::string error = renew(leases, kept);
       lock.lock();
       renewing_ = false;
@@ -206,18 +224,27 @@ class Heartbeat {
           entry.failing.clear();
         } else if (kept[i] == 0) {
           entry.lost = "a renewal found its fence gone: another attempt took the event over";
-        } else {
+        } else if (kept[i] == -1) {
           entry.failing = error;
-        }
+        }  // busy: neither renewed nor known to be lost; the next renewal tells
       }
     }
   }
 
-  // One renewal of `leases`: one call for all; when fewer were extended than asked, one call each
-  // to learn which fences are gone. Fills `kept`; returns the store's error, if any.
+  // One renewal of `leases`: one call for all (`renew` where the store says per lease what it
+  // found; otherwise `extend`, and when fewer were extended than asked, one call each to learn
+  // which fences are gone). Fills `kept`; returns the store's error, if any.
   std::string renew(const std::vector<HeldLease>& leases, std::vector<int>& kept) {
     if constexpr (lease_extending_store<Store>) {
       try {
+        if constexpr (lease_renewing_store<Store>) {
+          const std::vector<LeaseRenewal> found = store_.renew(leases, lease_);
+          for (std::size_t i = 0; i < leases.size() && i < found.size(); ++i)
+            kept[i] = found[i] == LeaseRenewal::extended ? 1
+                      : found[i] == LeaseRenewal::gone   ? 0
+                                                         : 2;
+          return {};
+        }
         const std::size_t extended = store_.extend(leases, lease_);
         if (extended == leases.size()) return {};
         if (leases.size() == 1) {

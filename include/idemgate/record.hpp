@@ -7,6 +7,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace idemgate {
 
@@ -109,6 +111,34 @@ enum class CommitStatus {
                ///< was written.
 };
 
+/// How many entries a row's history keeps: the newest ones; older entries drop off.
+inline constexpr std::size_t history_limit = 16;
+
+/**
+ * One end of an attempt that did not commit, or an operator's action, kept with its row
+ * (`Record::history`). Stores write:
+ * - `failed`, `escalated`: the attempt stored a failure or parked the event (`reason`: why);
+ * - `released`: the attempt gave the event back after a transient failure, saying why;
+ * - `taken_over`: the attempt's lease ran out while it held the event (its worker crashed or
+ *   stalled) and a redelivery or the reconciler took the event over;
+ * - `redriven`: an operator put the failed event back in flight (`reason`: the failure it had);
+ * - `resolved`: an operator committed the escalated event by hand (`reason`: why it was parked).
+ * A commit writes no entry: the row's status says it.
+ */
+struct HistoryEntry {
+  /// `Record::attempts` of the attempt the entry ends or acts on.
+  std::int64_t attempt = 0;
+  /// What happened: "failed", "escalated", "released", "taken_over", "redriven", "resolved".
+  std::string outcome;
+  /// Why, when known ("" otherwise).
+  std::string reason;
+  /// When it happened.
+  std::chrono::system_clock::time_point at;
+
+  /// Entries are equal when every field is.
+  friend bool operator==(const HistoryEntry&, const HistoryEntry&) = default;
+};
+
 /// One row of the idempotency log, as read back for inspection and reconciliation.
 struct Record {
   /// The gate the row belongs to ("" for a row written before logs knew their gates).
@@ -138,6 +168,42 @@ struct Record {
   /// How many attempts held this event: 1 for the first reservation, plus one for every
   /// takeover (a redelivery after an expired lease, a reconciler pass) and re-drive.
   std::int64_t attempts = 0;
+  /// The readable label kept with the row ("" when none was kept: labels are off by default,
+  /// see `GateOptions::keep_labels`).
+  std::string label;
+  /// The ends of earlier attempts and operators' actions, oldest first; at most `history_limit`
+  /// (the newest). See `HistoryEntry`.
+  std::vector<HistoryEntry> history;
+};
+
+/// Which rows an operator asks for: every field that is set narrows the list; empty means any.
+struct RowQuery {
+  /// Only rows with this status.
+  std::optional<RecordStatus> status = std::nullopt;
+  /// Only rows with exactly this reason ("" matches rows without one).
+  std::optional<std::string> reason = std::nullopt;
+  /// Only rows whose label contains this text (case-sensitive), such as an upstream's id.
+  std::string label_contains = {};
+  /// Only rows that last changed at or after this instant (`updated_at >= changed_from`).
+  std::optional<std::chrono::system_clock::time_point> changed_from = std::nullopt;
+  /// Only rows that last changed before this instant (`updated_at < changed_to`).
+  std::optional<std::chrono::system_clock::time_point> changed_to = std::nullopt;
+  /// At most this many rows (`rows`; `count` ignores it).
+  std::size_t limit = 100;
+};
+
+/// Failed or escalated rows of one gate that share a status and a reason: one cause.
+struct Cause {
+  /// `failed` or `escalated`.
+  RecordStatus status = RecordStatus::failed;
+  /// The reason they share ("" for rows without one).
+  std::string reason;
+  /// How many rows.
+  std::int64_t rows = 0;
+  /// The oldest `updated_at` among them.
+  std::chrono::system_clock::time_point first_seen;
+  /// The newest `updated_at` among them.
+  std::chrono::system_clock::time_point last_seen;
 };
 
 /// A downstream answer for a key that differed from the stored one (healthy: never).
@@ -176,6 +242,14 @@ struct HeldLease {
   std::int64_t fence = 0;
 };
 
+/// What one renewal (`renew`) found for one held lease.
+enum class LeaseRenewal {
+  extended,  ///< The fence still held: the lease now runs `lease` from the renewal.
+  gone,      ///< The fence no longer holds (taken over, or settled): nothing to renew any more.
+  busy,      ///< Another transaction was writing the row (a commit of it under way, or a
+             ///< takeover): not extended, and not known to be lost. The next renewal tells.
+};
+
 /// One key of a batch reservation.
 struct ReserveItem {
   /// The idempotency key.
@@ -184,6 +258,8 @@ struct ReserveItem {
   Fingerprint fingerprint{};
   /// The request's canonical bytes.
   std::string_view request;
+  /// The readable label to keep with a new row ("" keeps none; see `labelling_store`).
+  std::string_view label = {};
 };
 
 /// One outcome of a batch commit.

@@ -193,11 +193,15 @@ TEST_F(EarlierLog, MigratesInPlaceWhileAWriterGoesOnAndReplicasMigrateAtOnce) {
                      "' AND indexname IN ('" + log + "_in_flight', '" + log + "_escalated')"),
             0)
       << "the earlier indexes gave way to the per-gate ones";
-  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 4);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 5);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM information_schema.columns WHERE table_name = '" + log +
+                     "' AND column_name IN ('label', 'history')"),
+            2)
+      << "the label and history columns were added";
 
   PostgresStore store(uri, {.table = log});
   store.migrate();  // a no-op now
-  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 4);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 5);
   auto claims = store.for_gate("ect.claim_slot");
   EXPECT_TRUE(claims.take_stale(10, 0ms, 1min).empty()) << "no gate owns the earlier rows yet";
   EXPECT_EQ(store.signals(1h).in_flight, 2'000) << "the unscoped handle shows the unowned rows";
@@ -211,6 +215,21 @@ TEST_F(EarlierLog, MigratesInPlaceWhileAWriterGoesOnAndReplicasMigrateAtOnce) {
   ASSERT_TRUE(claims.find(first).has_value());
   EXPECT_EQ(claims.find(first)->result, "slot-1");
   EXPECT_EQ(claims.find(first)->gate, "ect.claim_slot");
+  EXPECT_EQ(claims.find(first)->label, "") << "an earlier row has no label";
+  EXPECT_TRUE(claims.find(first)->history.empty()) << "nor a history";
+  EXPECT_EQ(store.gates(), std::vector<std::string>{"ect.claim_slot"});
+  EXPECT_EQ(claims.count({.status = idemgate::RecordStatus::in_flight}), 2'000);
+  const std::vector<idemgate::Record> held =
+      claims.rows({.status = idemgate::RecordStatus::in_flight, .limit = 1});
+  ASSERT_EQ(held.size(), 1u);
+  ASSERT_EQ(claims.fail(held[0].key, held[0].fence, "422"), idemgate::CommitStatus::committed);
+  EXPECT_EQ(claims.redrive_cause("422", 10), 1u);
+  const auto redriven = claims.find(held[0].key);
+  ASSERT_EQ(redriven->history.size(), 3u) << "an earlier row's history starts after migrating";
+  EXPECT_EQ(redriven->history[0].outcome, "taken_over") << "by the reconciler's pass above";
+  EXPECT_EQ(redriven->history[1].outcome, "failed");
+  EXPECT_EQ(redriven->history[2].outcome, "redriven");
+  EXPECT_EQ(redriven->history[2].reason, "422");
 }
 
 TEST_F(EarlierLog, AdoptingSkipsKeysTheGateAlreadyHolds) {

@@ -55,7 +55,7 @@ TEST_F(PostgresGate, MigrateIsIdempotentAndMatchesTheShippedSchema) {
   auto store = make_store();
   store->migrate();
   store->migrate();
-  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 4);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_indexes WHERE tablename = '" + log + "'"), 5);
   std::ifstream shipped(std::string(IDEMGATE_SOURCE_DIR) + "/docs/schema.sql");
   ASSERT_TRUE(shipped) << "docs/schema.sql is missing";
   std::stringstream text;

@@ -294,6 +294,14 @@ class PausingStore {
     return inner_.extend(held, lease);
   }
 
+  /// Forwards `renew` (`lease_renewing_store`), held at the same step as `extend`.
+  std::vector<LeaseRenewal> renew(std::span<const HeldLease> held,
+                                  std::chrono::milliseconds lease) requires
+      lease_renewing_store<Inner> {
+    hold({Step::extend});
+    return inner_.renew(held, lease);
+  }
+
   /// Forwards `find` (never held: the schedule's own checks read through it too).
   std::optional<Record> find(const Key& key) { return inner_.find(key); }
 

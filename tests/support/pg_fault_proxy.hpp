@@ -47,6 +47,11 @@ enum class Fault {
   /// Only the first half of the message goes through, then both sides are closed: the server
   /// never runs the statement.
   cut,
+  /// The message goes through and the server runs it; everything the server answers from then
+  /// on is swallowed, and the connection stays open: the client waits for an answer that never
+  /// comes (a reply lost in a partition that TCP does not notice), until its own timeouts give
+  /// up or the proxy goes away. It has fired once the server finished the statement.
+  hang_reply,
 };
 
 /**
@@ -123,7 +128,8 @@ class PgFaultProxy {
   }
 
   /// Whether every armed fault has fired: its connection is closed and the client did not read
-  /// the answer (lose_reply) or the server did not get the whole statement (cut).
+  /// the answer (lose_reply) or the server did not get the whole statement (cut), or the server
+  /// ran the statement whose answer hangs (hang_reply).
   [[nodiscard]] bool fired() const {
     std::lock_guard lock(mutex_);
     return all_fired();
@@ -233,6 +239,7 @@ class PgFaultProxy {
     Stream down;              // server to client
     bool startup = true;      // the client's next message is an untyped startup packet
     bool swallowing = false;  // a lose_reply fault: drop answers up to and including 'Z'
+    bool hanging = false;     // a hang_reply fault: drop every answer, keep the connection
     bool cutting = false;     // a cut fault: close once the half message is sent
     bool tainted = false;     // lost bytes in a blackhole: close when it ends
     bool done = false;
@@ -547,8 +554,9 @@ class PgFaultProxy {
       return;
     }
     s.fault = index;
-    if (fault == Fault::lose_reply) {
+    if (fault == Fault::lose_reply || fault == Fault::hang_reply) {
       s.swallowing = true;
+      s.hanging = fault == Fault::hang_reply;
       hold(s.up, std::move(message));
     } else {
       s.cutting = true;
@@ -563,7 +571,16 @@ class PgFaultProxy {
       return;
     }
     swallowed_ += message.size();
-    if (message[0] == 'Z') s.done = true;  // the statement is over on the server
+    if (message[0] != 'Z') return;  // the statement is over on the server
+    if (!s.hanging) {
+      s.done = true;
+      return;
+    }
+    if (s.fault != no_fault) {
+      std::lock_guard lock(mutex_);
+      faults_[std::exchange(s.fault, no_fault)].fired = true;
+      fired_changed_.notify_all();
+    }
   }
 
   // The fault this message triggers, if any.

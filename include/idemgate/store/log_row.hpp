@@ -17,6 +17,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace idemgate::detail {
 
@@ -35,16 +36,24 @@ enum class LogColumn : int {
   lease_until,
   attempts,
   gate,
+  label,
+  history,
 };
 
 /// The log's column names, by `LogColumn`.
-inline constexpr std::array<std::string_view, 13> log_column_names = {
-    "key",        "status",     "fence",      "request",     "fingerprint", "result", "reason",
-    "duplicates", "created_at", "updated_at", "lease_until", "attempts",    "gate"};
+inline constexpr std::array<std::string_view, 15> log_column_names = {
+    "key",         "status",   "fence",      "request",    "fingerprint",
+    "result",      "reason",   "duplicates", "created_at", "updated_at",
+    "lease_until", "attempts", "gate",       "label",      "history"};
 
 /// The column that names the gate a row belongs to; '' for rows written before logs knew their
 /// gates (they belong to no gate until an operator assigns them, see `adopt_unowned_rows`).
 inline constexpr std::string_view gate_column = "gate";
+
+/// The history entry of a takeover after the holder's lease ran out: its outcome and reason
+/// (see `HistoryEntry`).
+inline constexpr std::string_view taken_over_outcome = "taken_over";
+inline constexpr std::string_view lease_expired = "lease expired";
 
 /// Whether a column holds an instant (the stores read it as microseconds since the epoch).
 [[nodiscard]] constexpr bool is_instant(LogColumn column) noexcept {
@@ -106,6 +115,199 @@ concept log_row = requires(const R& row, int column) {
   return Key(raw);
 }
 
+/// Reads the history a SQL store keeps as JSON: an array of objects with the members `attempt`
+/// (integer), `outcome` and `reason` (strings) and `at` (microseconds since the epoch), in any
+/// order and spacing; other members are skipped. Throws `StoreError` for anything else.
+class HistoryParser {
+ public:
+  /// Parses `json`; empty text is an empty history.
+  [[nodiscard]] static std::vector<HistoryEntry> parse(std::string_view json) {
+    HistoryParser p(json);
+    std::vector<HistoryEntry> entries;
+    p.space();
+    if (p.at_end()) return entries;
+    p.expect('[');
+    if (p.take(']')) return entries;
+    do {
+      entries.push_back(p.entry());
+    } while (p.take(','));
+    p.expect(']');
+    return entries;
+  }
+
+ private:
+  explicit HistoryParser(std::string_view text) : text_(text) {}
+
+  HistoryEntry entry() {
+    HistoryEntry e;
+    expect('{');
+    if (take('}')) return e;
+    do {
+      space();
+      const std::string name = string();
+      expect(':');
+      space();
+      if (name == "attempt") {
+        e.attempt = integer();
+      } else if (name == "at") {
+        e.at = from_micros(integer());
+      } else if (name == "outcome") {
+        e.outcome = string();
+      } else if (name == "reason") {
+        e.reason = peek() == 'n' ? (word("null"), std::string()) : string();
+      } else {
+        skip_value();
+      }
+    } while (take(','));
+    expect('}');
+    return e;
+  }
+
+  void skip_value() {
+    space();
+    const char c = peek();
+    if (c == '"') {
+      (void)string();
+    } else if (c == 'n') {
+      word("null");
+    } else if (c == 't') {
+      word("true");
+    } else if (c == 'f') {
+      word("false");
+    } else {
+      (void)integer();
+    }
+  }
+
+  std::int64_t integer() {
+    space();
+    bool negative = take('-');
+    std::int64_t value = 0;
+    const std::size_t start = at_;
+    while (at_ < text_.size() && text_[at_] >= '0' && text_[at_] <= '9')
+      value = value * 10 + (text_[at_++] - '0');
+    if (at_ == start) fail("a number");
+    // A number stored as a float (1.0e6): its integral part is kept.
+    while (at_ < text_.size() && std::strchr(".eE+-0123456789", text_[at_]) != nullptr) ++at_;
+    return negative ? -value : value;
+  }
+
+  std::string string() {
+    expect('"');
+    std::string out;
+    while (at_ < text_.size() && text_[at_] != '"') {
+      char c = text_[at_++];
+      if (c != '\\') {
+        out.push_back(c);
+        continue;
+      }
+      if (at_ >= text_.size()) fail("an escape");
+      c = text_[at_++];
+      switch (c) {
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'u':
+          utf8(out, code_point());
+          break;
+        default:
+          out.push_back(c);
+          break;
+      }
+    }
+    expect('"');
+    return out;
+  }
+
+  std::uint32_t hex4() {
+    if (at_ + 4 > text_.size()) fail("four hex digits");
+    std::uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char c = text_[at_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9')
+        v |= static_cast<std::uint32_t>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= static_cast<std::uint32_t>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= static_cast<std::uint32_t>(c - 'A' + 10);
+      else
+        fail("a hex digit");
+    }
+    return v;
+  }
+
+  std::uint32_t code_point() {
+    std::uint32_t cp = hex4();
+    if (cp >= 0xD800 && cp < 0xDC00 && at_ + 6 <= text_.size() && text_[at_] == '\\' &&
+        text_[at_ + 1] == 'u') {
+      at_ += 2;
+      const std::uint32_t low = hex4();
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+    }
+    return cp;
+  }
+
+  static void utf8(std::string& out, std::uint32_t cp) {
+    if (cp < 0x80) {
+      out.push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+      out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+      out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+  }
+
+  void word(std::string_view w) {
+    if (text_.substr(at_, w.size()) != w) fail(std::string(w).c_str());
+    at_ += w.size();
+  }
+  void space() {
+    while (at_ < text_.size() && std::strchr(" \t\r\n", text_[at_]) != nullptr) ++at_;
+  }
+  bool at_end() const { return at_ >= text_.size(); }
+  char peek() {
+    space();
+    return at_ < text_.size() ? text_[at_] : '\0';
+  }
+  bool take(char c) {
+    if (peek() != c) return false;
+    ++at_;
+    return true;
+  }
+  void expect(char c) {
+    if (!take(c)) fail(std::string(1, c).c_str());
+  }
+  [[noreturn]] void fail(const char* wanted) const {
+    throw StoreError("idemgate: a row's history is not the JSON the store writes (expected " +
+                     std::string(wanted) + " at offset " + std::to_string(at_) +
+                     "); was the history column written by another program?");
+  }
+
+  std::string_view text_;
+  std::size_t at_ = 0;
+};
+
 /// The `Record` in a row selected with `record_select_list`.
 template <log_row Row>
 [[nodiscard]] Record to_record(const Row& row) {
@@ -126,6 +328,9 @@ template <log_row Row>
   record.lease_until = from_micros(row.int64(at(LogColumn::lease_until)));
   record.attempts = row.int64(at(LogColumn::attempts));
   record.gate = row.text(at(LogColumn::gate));
+  if (!row.is_null(at(LogColumn::label))) record.label = row.text(at(LogColumn::label));
+  if (!row.is_null(at(LogColumn::history)))
+    record.history = HistoryParser::parse(row.text(at(LogColumn::history)));
   return record;
 }
 

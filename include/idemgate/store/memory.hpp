@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -68,6 +70,12 @@ class MemoryStore {
   /// Inserts the key as in flight, takes over an expired lease, or reports what is stored.
   Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
                       std::chrono::milliseconds lease) {
+    return reserve(key, fingerprint, request, lease, {});
+  }
+
+  /// Like `reserve`, and keeps `label` with a new row (a stored row keeps its own).
+  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                      std::chrono::milliseconds lease, std::string_view label) {
     std::lock_guard lock(mutex_);
     const auto now = clock_();
     auto [it, inserted] = rows_.try_emplace(key);
@@ -82,11 +90,13 @@ class MemoryStore {
       row.created_at = row.updated_at = now;
       row.lease_until = detail::saturating_add(now, lease);
       row.attempts = 1;
+      row.label.assign(label);
       return Reservation::acquired(row.fence);
     }
     ++row.duplicates;
     const bool same = row.fingerprint == fingerprint;
     if (same && row.status == RecordStatus::in_flight && row.lease_until < now) {
+      taken_over(row, now);
       ++row.fence;
       ++row.attempts;
       row.lease_until = detail::saturating_add(now, lease);
@@ -136,7 +146,10 @@ class MemoryStore {
     if (row == nullptr) return false;
     row->lease_until = std::chrono::system_clock::time_point{};  // the epoch: long gone
     row->updated_at = clock_();
-    if (!reason.empty()) row->reason.assign(reason);
+    if (!reason.empty()) {
+      row->reason.assign(reason);
+      add_history(*row, "released", reason, row->updated_at);
+    }
     return true;
   }
 
@@ -205,6 +218,7 @@ class MemoryStore {
     std::vector<Stranded> taken;
     taken.reserve(candidates.size());
     for (Record* row : candidates) {
+      taken_over(*row, now);
       ++row->fence;
       ++row->attempts;
       row->lease_until = detail::saturating_add(now, lease);
@@ -237,6 +251,7 @@ class MemoryStore {
     it->second.status = RecordStatus::committed;
     it->second.result = std::string(result);
     it->second.updated_at = clock_();
+    add_history(it->second, "resolved", it->second.reason, it->second.updated_at);
     for (auto& effect : tx.effects_) effect();
     return true;
   }
@@ -331,6 +346,78 @@ class MemoryStore {
     return moved;
   }
 
+  /// Up to `query.limit` rows of this gate that match `query`, the newest change first.
+  std::vector<Record> rows(const RowQuery& query) const {
+    std::lock_guard lock(mutex_);
+    std::vector<Record> found;
+    for (const auto& [key, row] : rows_)
+      if (matches(row, query)) found.push_back(row);
+    std::sort(found.begin(), found.end(), [](const Record& a, const Record& b) {
+      return a.updated_at != b.updated_at ? a.updated_at > b.updated_at : a.key < b.key;
+    });
+    if (found.size() > query.limit) found.resize(query.limit);
+    return found;
+  }
+
+  /// How many rows of this gate match `query` (its limit aside).
+  std::int64_t count(const RowQuery& query) const {
+    std::lock_guard lock(mutex_);
+    return static_cast<std::int64_t>(
+        std::count_if(rows_.begin(), rows_.end(),
+                      [&](const auto& entry) { return matches(entry.second, query); }));
+  }
+
+  /// This gate's failed and escalated rows grouped by status and reason, most rows first (then
+  /// the most recent), at most `limit` groups.
+  std::vector<Cause> causes(std::size_t limit) const {
+    std::lock_guard lock(mutex_);
+    std::map<std::pair<RecordStatus, std::string>, Cause> groups;
+    for (const auto& [key, row] : rows_) {
+      if (row.status != RecordStatus::failed && row.status != RecordStatus::escalated) continue;
+      auto [it, added] = groups.try_emplace({row.status, row.reason});
+      Cause& cause = it->second;
+      if (added) {
+        cause.status = row.status;
+        cause.reason = row.reason;
+        cause.first_seen = cause.last_seen = row.updated_at;
+      }
+      ++cause.rows;
+      cause.first_seen = std::min(cause.first_seen, row.updated_at);
+      cause.last_seen = std::max(cause.last_seen, row.updated_at);
+    }
+    std::vector<Cause> found;
+    for (auto& [group, cause] : groups) found.push_back(std::move(cause));
+    std::stable_sort(found.begin(), found.end(), [](const Cause& a, const Cause& b) {
+      return a.rows != b.rows ? a.rows > b.rows : a.last_seen > b.last_seen;
+    });
+    if (found.size() > limit) found.resize(limit);
+    return found;
+  }
+
+  /// Re-drives up to `limit` failed rows of this gate whose reason is exactly `reason`, as
+  /// `redrive_failed(key)` does; returns how many.
+  std::size_t redrive_cause(std::string_view reason, std::size_t limit) {
+    std::lock_guard lock(mutex_);
+    std::size_t done = 0;
+    for (auto& [key, row] : rows_) {
+      if (done >= limit) break;
+      if (row.status != RecordStatus::failed || row.reason != reason) continue;
+      redrive(row);
+      ++done;
+    }
+    return done;
+  }
+
+  /// The gates that have rows in this log, sorted (from any handle; rows of no gate are not
+  /// listed).
+  std::vector<std::string> gates() const {
+    std::lock_guard lock(mutex_);
+    std::vector<std::string> names;
+    for (const auto& [name, rows] : shared_->rows)
+      if (!name.empty() && !rows.empty()) names.push_back(name);
+    return names;
+  }
+
   /// Replaces the stored row of `row.key` with `row`, or removes it when `row` is nullopt: for
   /// tests that emulate a database crash losing its latest writes.
   void restore(const Key& key, std::optional<Record> row) {
@@ -380,6 +467,7 @@ class MemoryStore {
   }
 
   void redrive(Record& row) {
+    add_history(row, "redriven", row.reason, clock_());
     row.status = RecordStatus::in_flight;
     ++row.fence;
     ++row.attempts;
@@ -428,7 +516,33 @@ class MemoryStore {
     row->status = status;
     row->reason.assign(reason);
     row->updated_at = clock_();
+    add_history(*row, to_string(status), reason, row->updated_at);
     return CommitStatus::committed;
+  }
+
+  // Keeps the newest `history_limit` entries.
+  static void add_history(Record& row, std::string_view outcome, std::string_view reason,
+                          std::chrono::system_clock::time_point at) {
+    if (row.history.size() >= history_limit)
+      row.history.erase(row.history.begin(),
+                        row.history.end() - static_cast<std::ptrdiff_t>(history_limit - 1));
+    row.history.push_back({row.attempts, std::string(outcome), std::string(reason), at});
+  }
+
+  // A takeover after the holder's lease ran out; a lease given back (released, re-driven) has
+  // its entry already.
+  static void taken_over(Record& row, std::chrono::system_clock::time_point now) {
+    if (row.lease_until != std::chrono::system_clock::time_point{})
+      add_history(row, "taken_over", "lease expired", now);  // as the SQL stores write it
+  }
+
+  static bool matches(const Record& row, const RowQuery& query) {
+    return (!query.status || row.status == *query.status) &&
+           (!query.reason || row.reason == *query.reason) &&
+           (query.label_contains.empty() ||
+            row.label.find(query.label_contains) != std::string::npos) &&
+           (!query.changed_from || row.updated_at >= *query.changed_from) &&
+           (!query.changed_to || row.updated_at < *query.changed_to);
   }
 
   std::shared_ptr<Shared> shared_;
@@ -445,5 +559,7 @@ static_assert(monitored_store<MemoryStore>);
 static_assert(explaining_store<MemoryStore>);
 static_assert(lease_extending_store<MemoryStore>);
 static_assert(redrivable_store<MemoryStore>);
+static_assert(labelling_store<MemoryStore>);
+static_assert(operable_store<MemoryStore>);
 
 }  // namespace idemgate

@@ -294,6 +294,8 @@ class PostgresStore {
            "  duplicates  bigint      NOT NULL DEFAULT 0,\n"
            "  holder      bigint      NOT NULL DEFAULT 0,\n"
            "  attempts    bigint      NOT NULL DEFAULT 1,\n"
+           "  label       text,\n"
+           "  history     jsonb,\n"
            "  created_at  timestamptz NOT NULL DEFAULT now(),\n"
            "  updated_at  timestamptz NOT NULL DEFAULT now(),\n"
            "  PRIMARY KEY (gate, key),\n"
@@ -314,6 +316,11 @@ class PostgresStore {
            "ALTER TABLE " +
            t +
            " ADD COLUMN IF NOT EXISTS gate text NOT NULL DEFAULT '';\n"
+           "-- Added in 0.4: a readable label, kept only when asked, and the newest ends of\n"
+           "-- attempts and operators' actions. NULL by default: no row is rewritten.\n"
+           "ALTER TABLE " +
+           t + " ADD COLUMN IF NOT EXISTS label text;\n" + "ALTER TABLE " + t +
+           " ADD COLUMN IF NOT EXISTS history jsonb;\n"
            "-- Downstream answers that differed from the stored one (healthy: empty).\n"
            "CREATE TABLE IF NOT EXISTS " +
            t +
@@ -360,6 +367,10 @@ class PostgresStore {
         // The manual queue, per gate.
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS " + name + "_gate_escalated ON " + t +
             " (gate, updated_at) WHERE status = 'escalated'",
+        // Failed rows, per gate: re-drives and an operator's lists and causes. A commit never
+        // writes to it: a row enters it only when it fails.
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS " + name + "_gate_failed ON " + t +
+            " (gate, updated_at) WHERE status = 'failed'",
         // Retention and the signals' window; BRIN stays tiny on an append-mostly column.
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS " + name + "_created ON " + t +
             " USING brin (created_at)",
@@ -478,6 +489,12 @@ class PostgresStore {
   /// bump, or reports what is stored.
   Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
                       std::chrono::milliseconds lease) {
+    return reserve(key, fingerprint, request, lease, {});
+  }
+
+  /// Like `reserve`, and keeps `label` with a new row (a stored row keeps its own label).
+  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                      std::chrono::milliseconds lease, std::string_view label) {
     const std::string key_param = detail::pq::bytea_param(key.view());
     const std::string fingerprint_param = detail::pq::bytea_param(
         {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
@@ -491,8 +508,12 @@ class PostgresStore {
     // snapshot: the insert then does nothing and the read sees nothing. A new statement has a
     // new snapshot, so the loop ends as soon as the row is visible.
     for (int attempt = 0; attempt < 32; ++attempt) {
-      pqxx::result rows = reserve_statement(Statement::reserve, key_param, fingerprint_param,
-                                            request_param, lease_ms, holder);
+      pqxx::result rows =
+          label.empty()
+              ? reserve_statement(Statement::reserve, key_param, fingerprint_param, request_param,
+                                  lease_ms, holder)
+              : reserve_statement(Statement::reserve_labelled, key_param, fingerprint_param,
+                                  request_param, lease_ms, holder, std::string(label));
       if (rows.empty()) continue;
       const detail::pq::row row = rows[0];
       const std::int64_t fence = detail::pq::int_field(row[1]);
@@ -592,9 +613,22 @@ class PostgresStore {
   }
 
   /// Extends the leases the caller still holds to `lease` from now, in one statement; returns how
-  /// many it extended (a lease taken over meanwhile is not).
+  /// many it extended (a lease taken over meanwhile is not, nor one whose row another
+  /// transaction is writing: see `renew`).
   std::size_t extend(std::span<const HeldLease> held, std::chrono::milliseconds lease) {
-    if (held.empty()) return 0;
+    const std::vector<LeaseRenewal> renewed = renew(held, lease);
+    return static_cast<std::size_t>(
+        std::count(renewed.begin(), renewed.end(), LeaseRenewal::extended));
+  }
+
+  /// Renews the leases the caller still holds to `lease` from now, in one statement, on the
+  /// renewal connection; says per lease (in order) whether it was extended, its fence is gone,
+  /// or its row was busy: another transaction was writing it (a commit group's members are
+  /// locked until its COMMIT), and the renewal skipped it instead of waiting, so that one busy
+  /// row never holds up the renewal of every other lease.
+  std::vector<LeaseRenewal> renew(std::span<const HeldLease> held,
+                                  std::chrono::milliseconds lease) {
+    if (held.empty()) return {};
     std::vector<std::string_view> keys;
     std::vector<std::int64_t> fences;
     for (const HeldLease& h : held) {
@@ -606,8 +640,21 @@ class PostgresStore {
     const std::int64_t lease_ms = detail::sql_duration<std::chrono::milliseconds>(lease);
     return run_on(renewal_pool_, [&](Lease& c) {
       pqxx::nontransaction tx(c.connection());
-      return static_cast<std::size_t>(detail::pq::affected_rows(
-          exec_prepared(c, tx, Statement::extend, key_array, fence_array, lease_ms)));
+      const pqxx::result rows =
+          exec_prepared(c, tx, Statement::extend, key_array, fence_array, lease_ms);
+      std::vector<LeaseRenewal> renewed;
+      renewed.reserve(held.size());
+      for (const auto& row : rows) {
+        const char state = row[0].c_str()[0];
+        renewed.push_back(state == 'e'   ? LeaseRenewal::extended
+                          : state == 'b' ? LeaseRenewal::busy
+                                         : LeaseRenewal::gone);
+      }
+      if (renewed.size() != held.size())
+        throw StoreError("idemgate: renewing " + std::to_string(held.size()) + " leases answered " +
+                         std::to_string(renewed.size()) +
+                         " rows; is the log's table what this version expects? (run migrate())");
+      return renewed;
     });
   }
 
@@ -689,7 +736,7 @@ class PostgresStore {
     const std::string update =
         "UPDATE " + table_ +
         " SET status = 'committed', result = " + detail::pq::bytea_literal(result) +
-        ", updated_at = now() WHERE gate = '" + gate_ +
+        ", updated_at = now(), history = " + resolved_history() + " WHERE gate = '" + gate_ +
         "' AND key = " + detail::pq::bytea_literal(key.view()) + " AND status = 'escalated'";
     const std::string key_param = detail::pq::bytea_param(key.view());
     return with_commit_retries(key, [&](Lease& c, int attempt) {
@@ -710,6 +757,74 @@ class PostgresStore {
       tx.commit();
       return true;
     });
+  }
+
+  /// Re-drives up to `limit` failed rows of this gate whose reason is exactly `reason`, oldest
+  /// failure first, as `redrive_failed(key)` does (rows another session is changing are
+  /// skipped); returns how many changed. The rows' history keeps the reason.
+  std::size_t redrive_cause(std::string_view reason, std::size_t limit) {
+    const std::string reason_text(reason);
+    return run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return static_cast<std::size_t>(detail::pq::affected_rows(
+          exec_prepared(c, tx, Statement::redrive_cause, reason_text, detail::sql_limit(limit))));
+    });
+  }
+
+  /// Up to `query.limit` rows of this gate that match `query`, the newest change first. An
+  /// operator's query: it scans the gate's rows (the failed and escalated ones by index).
+  std::vector<Record> rows(const RowQuery& query) {
+    const pqxx::result found = run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return with_query(query, [&](auto&&... params) {
+        return exec_prepared(c, tx, Statement::rows, params..., detail::sql_limit(query.limit));
+      });
+    });
+    std::vector<Record> rows;
+    rows.reserve(found.size());
+    for (const detail::pq::row& row : found) rows.push_back(detail::to_record(detail::PqRow{row}));
+    return rows;
+  }
+
+  /// How many rows of this gate match `query` (its limit aside).
+  std::int64_t count(const RowQuery& query) {
+    const pqxx::result found = run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return with_query(query, [&](auto&&... params) {
+        return exec_prepared(c, tx, Statement::count_rows, params..., std::int64_t{0});
+      });
+    });
+    return detail::pq::int_field(found[0][0]);
+  }
+
+  /// This gate's failed and escalated rows grouped by status and reason, most rows first (then
+  /// the most recent), at most `limit` groups.
+  std::vector<Cause> causes(std::size_t limit) {
+    const pqxx::result found = run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::causes, detail::sql_limit(limit));
+    });
+    std::vector<Cause> causes;
+    causes.reserve(found.size());
+    for (const detail::pq::row& row : found)
+      causes.push_back({parse_record_status(detail::pq::text_field(row[0])),
+                        detail::pq::text_field(row[1]), detail::pq::int_field(row[2]),
+                        detail::from_micros(detail::pq::int_field(row[3])),
+                        detail::from_micros(detail::pq::int_field(row[4]))});
+    return causes;
+  }
+
+  /// The gates that have rows in this log, sorted, whichever gate this handle is scoped to
+  /// (rows of no gate are not listed). One step of the primary key's index per gate.
+  std::vector<std::string> gates() {
+    const pqxx::result found = run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return exec_prepared(c, tx, Statement::gates);
+    });
+    std::vector<std::string> names;
+    names.reserve(found.size());
+    for (const detail::pq::row& row : found) names.push_back(detail::pq::text_field(row[0]));
+    return names;
   }
 
   /// The three signals over the events reserved in the last `window`, in one round trip.
@@ -806,7 +921,8 @@ class PostgresStore {
     std::string purge;
     /// Reserves many keys in one statement.
     std::string reserve_batch;
-    /// Extends leases still held.
+    /// Renews leases still held, skipping rows another transaction is writing; one row per
+    /// lease, in order: 'e' extended, 'g' fence gone, 'b' busy.
     std::string extend;
     /// A no-op update whose synchronous commit flushes the WAL (relaxed reservations).
     std::string make_durable;
@@ -816,7 +932,32 @@ class PostgresStore {
     std::string redrive_key;
     /// Re-drives the failed keys of a time range.
     std::string redrive_range;
+    /// The reservation that keeps a label with a new row.
+    std::string reserve_labelled;
+    /// Re-drives the failed keys of one reason.
+    std::string redrive_cause;
+    /// Lists rows by an operator's filters.
+    std::string rows;
+    /// Counts rows by an operator's filters.
+    std::string count;
+    /// Groups failed and escalated rows by cause.
+    std::string causes;
+    /// Lists the gates that have rows.
+    std::string gates;
+    /// Reserves many keys in one statement, keeping their labels with new rows.
+    std::string reserve_batch_labelled;
   };
+
+  /// The row's history (a jsonb array) with one more entry (`outcome`, `reason`: SQL
+  /// expressions) for the attempt the row is at, now, keeping the newest `history_limit`.
+  [[nodiscard]] static std::string history_with(std::string_view outcome, std::string_view reason) {
+    const std::string kept = "coalesce(history, '[]'::jsonb)";
+    return "(CASE WHEN jsonb_array_length(" + kept + ") >= " + std::to_string(history_limit) +
+           " THEN " + kept + " - 0 ELSE " + kept +
+           " END || jsonb_build_array(jsonb_build_object('attempt', attempts, 'outcome', " +
+           std::string(outcome) + "::text, 'reason', " + std::string(reason) +
+           "::text, 'at', (extract(epoch FROM now()) * 1000000)::bigint)))";
+  }
 
   /// The statements for `table` (checked like the constructor checks it).
   [[nodiscard]] static Statements statements(const std::string& table) {
@@ -824,6 +965,7 @@ class PostgresStore {
     const std::string columns =
         detail::record_select_list([](detail::LogColumn column, std::string_view name) {
           const std::string n(name);
+          if (column == detail::LogColumn::history) return n + "::text";
           return detail::is_instant(column) ? "(extract(epoch FROM " + n + ") * 1000000)::bigint"
                                             : n;
         });
@@ -834,26 +976,36 @@ class PostgresStore {
     // comes back as `mine`, its lease renewed from now: the attempt goes on with a whole lease,
     // not one that may have run out while it reconnected (a partition), and a reconciler does
     // not take the event over under it.
-    s.reserve =
-        "WITH claimed AS (INSERT INTO " + t +
-        " (gate, key, status, fence, lease_until, fingerprint, request, holder, attempts)"
-        " VALUES ($1::text, $2::bytea, 'in_flight', 1,"
-        " now() + $5::bigint * interval '1 millisecond', $3::bytea, $4::bytea, $6::bigint, 1)"
-        " ON CONFLICT (gate, key) DO NOTHING RETURNING fence),"
-        " seen AS (UPDATE " +
-        t +
-        " SET duplicates = duplicates + CASE WHEN holder = $6::bigint THEN 0 ELSE 1 END,"
-        " lease_until = CASE WHEN holder = $6::bigint AND status = 'in_flight'"
-        " THEN now() + $5::bigint * interval '1 millisecond' ELSE lease_until END"
-        " WHERE gate = $1::text AND key = $2::bytea AND NOT EXISTS (SELECT 1 FROM claimed)"
-        " RETURNING fence, status, fingerprint = $3::bytea AS same, lease_until >= now() AS live,"
-        " result, reason, holder = $6::bigint AS mine)"
-        " SELECT true, fence, NULL::text, NULL::boolean, NULL::boolean, NULL::bytea, NULL::text,"
-        " true FROM claimed"
-        " UNION ALL SELECT false, fence, status, same, live, result, reason, mine FROM seen";
+    // A labelled reservation writes its label ($7) with a new row; the plain one is unchanged.
+    const auto reserve = [&t](bool labelled) {
+      return "WITH claimed AS (INSERT INTO " + t +
+             " (gate, key, status, fence, lease_until, fingerprint, request, holder, attempts" +
+             (labelled ? ", label" : "") +
+             ") VALUES ($1::text, $2::bytea, 'in_flight', 1,"
+             " now() + $5::bigint * interval '1 millisecond', $3::bytea, $4::bytea, $6::bigint, 1" +
+             (labelled ? ", nullif($7::text, '')" : "") +
+             ") ON CONFLICT (gate, key) DO NOTHING RETURNING fence),"
+             " seen AS (UPDATE " +
+             t +
+             " SET duplicates = duplicates + CASE WHEN holder = $6::bigint THEN 0 ELSE 1 END,"
+             " lease_until = CASE WHEN holder = $6::bigint AND status = 'in_flight'"
+             " THEN now() + $5::bigint * interval '1 millisecond' ELSE lease_until END"
+             " WHERE gate = $1::text AND key = $2::bytea AND NOT EXISTS (SELECT 1 FROM claimed)"
+             " RETURNING fence, status, fingerprint = $3::bytea AS same, lease_until >= now() AS "
+             "live,"
+             " result, reason, holder = $6::bigint AS mine)"
+             " SELECT true, fence, NULL::text, NULL::boolean, NULL::boolean, NULL::bytea, "
+             "NULL::text,"
+             " true FROM claimed"
+             " UNION ALL SELECT false, fence, status, same, live, result, reason, mine FROM seen";
+    };
+    s.reserve = reserve(false);
+    s.reserve_labelled = reserve(true);
     s.take_over = "UPDATE " + t +
                   " SET fence = fence + 1, lease_until = now() + $4::bigint * interval '1 "
-                  "millisecond', updated_at = now(), holder = $5::bigint, attempts = attempts + 1"
+                  "millisecond', updated_at = now(), holder = $5::bigint, attempts = attempts + 1,"
+                  " history = " +
+                  taken_over_history() +
                   " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
                   " AND fence = $3::bigint AND lease_until < now() RETURNING fence";
     s.commit = "UPDATE " + t +
@@ -861,11 +1013,13 @@ class PostgresStore {
                " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
                " AND fence = $3::bigint";
     s.fail = "UPDATE " + t +
-             " SET status = 'failed', reason = $4::text, updated_at = now()"
+             " SET status = 'failed', reason = $4::text, updated_at = now(), history = " +
+             history_with("'failed'", "$4::text") +
              " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
              " AND fence = $3::bigint";
     s.escalate = "UPDATE " + t +
-                 " SET status = 'escalated', reason = $4::text, updated_at = now()"
+                 " SET status = 'escalated', reason = $4::text, updated_at = now(), history = " +
+                 history_with("'escalated'", "$4::text") +
                  " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
                  " AND fence = $3::bigint";
     // The row stays: its lease ends, so the next delivery takes it over with a higher fence (a
@@ -873,8 +1027,10 @@ class PostgresStore {
     // reconciler finishes the event.
     s.release = "UPDATE " + t +
                 " SET lease_until = 'epoch', updated_at = now(),"
-                " reason = CASE WHEN $4::text = '' THEN reason ELSE $4::text END"
-                " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+                " reason = CASE WHEN $4::text = '' THEN reason ELSE $4::text END,"
+                " history = CASE WHEN $4::text = '' THEN history ELSE " +
+                history_with("'released'", "$4::text") +
+                " END WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
                 " AND fence = $3::bigint";
     s.find = "SELECT " + columns + " FROM " + t + " WHERE gate = $1::text AND key = $2::bytea";
     // The second half returns the rows this pass's token already holds: a pass repeated after
@@ -887,7 +1043,9 @@ class PostgresStore {
         " taken AS (UPDATE " +
         t +
         " AS log SET fence = log.fence + 1, attempts = log.attempts + 1, holder = $5::bigint,"
-        " lease_until = now() + $4::bigint * interval '1 millisecond', updated_at = now()"
+        " lease_until = now() + $4::bigint * interval '1 millisecond', updated_at = now(),"
+        " history = " +
+        taken_over_history() +
         " FROM stale WHERE log.gate = $1::text AND log.key = stale.key"
         " RETURNING log.key, log.fence, log.request, log.attempts, log.reason)"
         " SELECT key, fence, request, attempts, reason FROM taken"
@@ -897,7 +1055,8 @@ class PostgresStore {
                   " WHERE gate = $1::text AND status = 'escalated' ORDER BY updated_at"
                   " LIMIT $2::bigint";
     s.resolve = "UPDATE " + t +
-                " SET status = 'committed', result = $3::bytea, updated_at = now()"
+                " SET status = 'committed', result = $3::bytea, updated_at = now(), history = " +
+                resolved_history() +
                 " WHERE gate = $1::text AND key = $2::bytea AND status = 'escalated'";
     s.settled = "SELECT status, fence FROM " + t + " WHERE gate = $1::text AND key = $2::bytea";
     s.signals =
@@ -930,39 +1089,69 @@ class PostgresStore {
         "SELECT key, stored, observed, source,"
         " (extract(epoch FROM at) * 1000000)::bigint FROM " +
         t + "_mismatches WHERE gate = $1::text ORDER BY at DESC LIMIT $2::bigint";
-    s.reserve_batch =
-        "WITH input AS (SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::bytea[])"
-        " WITH ORDINALITY AS i(key, fingerprint, request, n)),"
-        " claimed AS (INSERT INTO " +
-        t +
-        " (gate, key, status, fence, lease_until, fingerprint, request, holder, attempts)"
-        " SELECT $1::text, key, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',"
-        " fingerprint, request, $6::bigint, 1 FROM input ORDER BY n"
-        " ON CONFLICT (gate, key) DO NOTHING"
-        " RETURNING key, fence),"
-        " seen AS (UPDATE " +
-        t +
-        " AS log SET duplicates = log.duplicates + CASE WHEN log.holder = $6::bigint THEN 0"
-        " ELSE 1 END, lease_until = CASE WHEN log.holder = $6::bigint AND log.status ="
-        " 'in_flight' THEN now() + $5::bigint * interval '1 millisecond' ELSE log.lease_until END"
-        " FROM input"
-        " WHERE log.gate = $1::text AND log.key = input.key"
-        " AND NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.key ="
-        " input.key) RETURNING log.key, log.fence, log.status, log.fingerprint = input.fingerprint"
-        " AS same, log.lease_until >= now() AS live, log.result, log.reason,"
-        " log.holder = $6::bigint AS mine)"
-        " SELECT input.n, claimed.fence IS NOT NULL, coalesce(claimed.fence, seen.fence),"
-        " seen.status, seen.same, seen.live, seen.result, seen.reason, seen.mine FROM input"
-        " LEFT JOIN claimed ON claimed.key = input.key LEFT JOIN seen ON seen.key = input.key";
-    s.extend = "UPDATE " + t +
-               " AS log SET lease_until = now() + $4::bigint * interval '1 millisecond'"
-               " FROM unnest($2::bytea[], $3::bigint[]) AS v(key, fence)"
-               " WHERE log.gate = $1::text AND log.key = v.key AND log.fence = v.fence"
-               " AND log.status = 'in_flight'";
-    const std::string redrive =
-        "UPDATE " + t +
-        " SET status = 'in_flight', fence = fence + 1, attempts = attempts + 1,"
-        " reason = NULL, lease_until = 'epoch', updated_at = now()";
+    // The labelled batch writes each item's label ($7, '' for none) with its new row.
+    const auto reserve_batch = [&t](bool labelled) {
+      return std::string(
+                 "WITH input AS (SELECT * FROM unnest($2::bytea[], $3::bytea[], "
+                 "$4::bytea[]") +
+             (labelled ? ", $7::text[]) WITH ORDINALITY AS i(key, fingerprint, request, label, n)),"
+                       : ") WITH ORDINALITY AS i(key, fingerprint, request, n)),") +
+             " claimed AS (INSERT INTO " + t +
+             " (gate, key, status, fence, lease_until, fingerprint, request, holder, attempts" +
+             (labelled ? ", label" : "") +
+             ") SELECT $1::text, key, 'in_flight', 1, now() + $5::bigint * interval '1 "
+             "millisecond', fingerprint, request, $6::bigint, 1" +
+             (labelled ? ", nullif(label, '')" : "") +
+             " FROM input ORDER BY n"
+             " ON CONFLICT (gate, key) DO NOTHING"
+             " RETURNING key, fence),"
+             " seen AS (UPDATE " +
+             t +
+             " AS log SET duplicates = log.duplicates + CASE WHEN log.holder = $6::bigint THEN 0"
+             " ELSE 1 END, lease_until = CASE WHEN log.holder = $6::bigint AND log.status ="
+             " 'in_flight' THEN now() + $5::bigint * interval '1 millisecond' ELSE log.lease_until "
+             "END"
+             " FROM input"
+             " WHERE log.gate = $1::text AND log.key = input.key"
+             " AND NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.key ="
+             " input.key) RETURNING log.key, log.fence, log.status, log.fingerprint = "
+             "input.fingerprint"
+             " AS same, log.lease_until >= now() AS live, log.result, log.reason,"
+             " log.holder = $6::bigint AS mine)"
+             " SELECT input.n, claimed.fence IS NOT NULL, coalesce(claimed.fence, seen.fence),"
+             " seen.status, seen.same, seen.live, seen.result, seen.reason, seen.mine FROM input"
+             " LEFT JOIN claimed ON claimed.key = input.key LEFT JOIN seen ON seen.key = input.key";
+    };
+    s.reserve_batch = reserve_batch(false);
+    s.reserve_batch_labelled = reserve_batch(true);
+    // A row another transaction is writing (a commit group's fenced update holds its row until
+    // COMMIT) is skipped, not waited for: one renewal renews every lease of the gate, and waiting
+    // on one row would leave all the others unrenewed. The snapshot read tells a skipped row
+    // (still held under the fence as last committed: busy) from one whose fence is gone.
+    const std::string held_rows =
+        "SELECT * FROM unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS v(key, fence, n)";
+    const std::string held_here =
+        " AS log WHERE log.gate = $1::text AND log.key = held.key"
+        " AND log.fence = held.fence AND log.status = 'in_flight'";
+    const std::string free_rows = "SELECT log.key FROM " + t + " AS log JOIN held" +
+                                  " ON log.key = held.key AND log.fence = held.fence" +
+                                  " WHERE log.gate = $1::text AND log.status = 'in_flight'" +
+                                  " FOR UPDATE OF log SKIP LOCKED";
+    const std::string extend_free =
+        "UPDATE " + t + " AS log" +
+        " SET lease_until = now() + $4::bigint * interval '1 millisecond'" +
+        " FROM free WHERE log.gate = $1::text AND log.key = free.key RETURNING log.key";
+    s.extend = "WITH held AS (" + held_rows + "), free AS (" + free_rows + "), extended AS (" +
+               extend_free + ") SELECT CASE" +
+               " WHEN EXISTS (SELECT 1 FROM extended WHERE extended.key = held.key) THEN 'e'" +
+               " WHEN EXISTS (SELECT 1 FROM " + t + held_here + ") THEN 'b' ELSE 'g' END" +
+               " FROM held ORDER BY held.n";
+    // The history keeps the reason the re-drive clears.
+    const std::string redrive = "UPDATE " + t +
+                                " SET status = 'in_flight', fence = fence + 1,"
+                                " attempts = attempts + 1, reason = NULL, history = " +
+                                history_with("'redriven'", "coalesce(reason, '')") +
+                                ", lease_until = 'epoch', updated_at = now()";
     s.redrive_key = redrive + " WHERE gate = $1::text AND key = $2::bytea AND status = 'failed'";
     // The rows are picked once, in a CTE: a LIMIT subquery inside IN may be scanned again by
     // the plan, and would then pick rows beyond the limit.
@@ -973,6 +1162,41 @@ class PostgresStore {
         " AND updated_at < 'epoch'::timestamptz + $3::bigint * interval '1 microsecond'"
         " LIMIT $4::bigint FOR UPDATE SKIP LOCKED) " +
         redrive + " FROM picked WHERE " + t + ".gate = $1::text AND " + t + ".key = picked.key";
+    s.redrive_cause = "WITH picked AS MATERIALIZED (SELECT key FROM " + t +
+                      " WHERE gate = $1::text AND status = 'failed'"
+                      " AND coalesce(reason, '') = $2::text ORDER BY updated_at"
+                      " LIMIT $3::bigint FOR UPDATE SKIP LOCKED) " +
+                      redrive + " FROM picked WHERE " + t + ".gate = $1::text AND " + t +
+                      ".key = picked.key";
+    // An operator's filters: each matches any row when its switch is off ('' for the status and
+    // the label).
+    const std::string filter =
+        " WHERE gate = $1::text AND ($2::text = '' OR status = $2::text)"
+        " AND (NOT $3::boolean OR coalesce(reason, '') = $4::text)"
+        " AND ($5::text = '' OR strpos(coalesce(label, ''), $5::text) > 0)"
+        " AND (NOT $6::boolean OR updated_at >= 'epoch'::timestamptz"
+        " + $7::bigint * interval '1 microsecond')"
+        " AND (NOT $8::boolean OR updated_at < 'epoch'::timestamptz"
+        " + $9::bigint * interval '1 microsecond')";
+    s.rows = "SELECT " + columns + " FROM " + t + filter +
+             " ORDER BY updated_at DESC, key LIMIT $10::bigint";
+    s.count = "SELECT count(*) FROM " + t + filter + " AND $10::bigint IS NOT NULL";
+    s.causes =
+        "SELECT status, coalesce(reason, ''), count(*),"
+        " (extract(epoch FROM min(updated_at)) * 1000000)::bigint,"
+        " (extract(epoch FROM max(updated_at)) * 1000000)::bigint FROM " +
+        t +
+        " WHERE gate = $1::text AND status IN ('failed', 'escalated')"
+        " GROUP BY status, coalesce(reason, '')"
+        " ORDER BY count(*) DESC, max(updated_at) DESC LIMIT $2::bigint";
+    // One step of the primary key's index per gate, however many rows each holds. Every gate,
+    // whatever the handle's ($1 is there because every statement gets it).
+    s.gates = "WITH RECURSIVE g(name) AS (SELECT min(gate) FROM " + t +
+              " WHERE gate > '' AND $1::text IS NOT NULL"
+              " UNION ALL SELECT (SELECT min(gate) FROM " +
+              t +
+              " WHERE gate > g.name) FROM g WHERE g.name IS NOT NULL)"
+              " SELECT name FROM g WHERE name IS NOT NULL";
     s.make_durable =
         "UPDATE " + t + " SET duplicates = duplicates WHERE gate = $1::text AND key = $2::bytea";
     s.batch_landed = "SELECT count(*) FROM " + t +
@@ -988,6 +1212,20 @@ class PostgresStore {
     return s;
   }
 
+  /// A takeover's history: an entry when the holder's lease ran out, none when it was given back
+  /// (released or re-driven: those wrote their own).
+  [[nodiscard]] static std::string taken_over_history() {
+    return "CASE WHEN lease_until <= 'epoch' THEN history ELSE " +
+           history_with("'" + std::string(detail::taken_over_outcome) + "'",
+                        "'" + std::string(detail::lease_expired) + "'") +
+           " END";
+  }
+
+  /// A resolved row's history: the reason it was parked for.
+  [[nodiscard]] static std::string resolved_history() {
+    return history_with("'resolved'", "coalesce(reason, '')");
+  }
+
   /// Whether reservations skip the WAL flush (`PostgresOptions::relaxed_reservations`).
   [[nodiscard]] bool relaxed_reservations() const noexcept { return relaxed_pool_ != nullptr; }
 
@@ -996,18 +1234,27 @@ class PostgresStore {
   /// fall back to `reserve` one by one. Keys must be distinct.
   std::vector<Reservation> reserve_batch(std::span<const ReserveItem> items,
                                          std::chrono::milliseconds lease) {
-    std::vector<std::string_view> keys, fingerprints, requests;
+    std::vector<std::string_view> keys, fingerprints, requests, labels;
+    bool labelled = false;
     for (const ReserveItem& item : items) {
       keys.push_back(item.key.view());
       fingerprints.push_back(
           {reinterpret_cast<const char*>(item.fingerprint.data()), item.fingerprint.size()});
       requests.push_back(item.request);
+      labels.push_back(item.label);
+      labelled = labelled || !item.label.empty();
     }
     const std::int64_t holder = detail::new_holder_token();  // see reserve
-    const pqxx::result rows = reserve_statement(
-        Statement::reserve_batch, detail::pq::bytea_array_param(keys),
-        detail::pq::bytea_array_param(fingerprints), detail::pq::bytea_array_param(requests),
-        detail::sql_duration<std::chrono::milliseconds>(lease), holder);
+    const std::int64_t lease_ms = detail::sql_duration<std::chrono::milliseconds>(lease);
+    const pqxx::result rows =
+        labelled ? reserve_statement(Statement::reserve_batch_labelled,
+                                     detail::pq::bytea_array_param(keys),
+                                     detail::pq::bytea_array_param(fingerprints),
+                                     detail::pq::bytea_array_param(requests), lease_ms, holder,
+                                     detail::pq::text_array_param(labels))
+                 : reserve_statement(Statement::reserve_batch, detail::pq::bytea_array_param(keys),
+                                     detail::pq::bytea_array_param(fingerprints),
+                                     detail::pq::bytea_array_param(requests), lease_ms, holder);
     std::vector<std::optional<Reservation>> found(items.size());
     for (const detail::pq::row& row : rows) {
       const auto index = static_cast<std::size_t>(detail::pq::int_field(row[0]) - 1);
@@ -1511,6 +1758,13 @@ class PostgresStore {
     batch_landed,
     redrive_key,
     redrive_range,
+    reserve_labelled,
+    redrive_cause,
+    rows,
+    count_rows,
+    causes,
+    gates,
+    reserve_batch_labelled,
     count
   };
 
@@ -1542,6 +1796,14 @@ class PostgresStore {
       {Statement::batch_landed, "idemgate_batch_landed", &Statements::batch_landed},
       {Statement::redrive_key, "idemgate_redrive_key", &Statements::redrive_key},
       {Statement::redrive_range, "idemgate_redrive_range", &Statements::redrive_range},
+      {Statement::reserve_labelled, "idemgate_reserve_labelled", &Statements::reserve_labelled},
+      {Statement::redrive_cause, "idemgate_redrive_cause", &Statements::redrive_cause},
+      {Statement::rows, "idemgate_rows", &Statements::rows},
+      {Statement::count_rows, "idemgate_count", &Statements::count},
+      {Statement::causes, "idemgate_causes", &Statements::causes},
+      {Statement::gates, "idemgate_gates", &Statements::gates},
+      {Statement::reserve_batch_labelled, "idemgate_reserve_batch_labelled",
+       &Statements::reserve_batch_labelled},
   };
   static_assert(std::size(prepared_statements) == static_cast<std::size_t>(Statement::count));
   static_assert(
@@ -1789,6 +2051,19 @@ class PostgresStore {
   // block of a multi-statement query included): when a business write ended the transaction
   // itself (ROLLBACK, COMMIT) and went on, the statement after it fails instead of running, and
   // committing, on its own. One round trip with the statement.
+  // Calls `exec` with an operator's query as the parameters $2 to $9 of `rows` and `count`: a
+  // switch and a value for each filter (libpqxx 6.4 binds no NULL parameters).
+  template <class Exec>
+  static pqxx::result with_query(const RowQuery& query, Exec&& exec) {
+    const auto micros = [](const std::optional<std::chrono::system_clock::time_point>& at) {
+      return at ? detail::sql_micros(*at) : std::int64_t{0};
+    };
+    return exec(std::string(query.status ? to_string(*query.status) : std::string_view()),
+                query.reason.has_value(), query.reason.value_or(std::string()),
+                query.label_contains, query.changed_from.has_value(), micros(query.changed_from),
+                query.changed_to.has_value(), micros(query.changed_to));
+  }
+
   static std::string in_open_transaction(const std::string& sql) {
     return "SAVEPOINT idemgate_open; RELEASE SAVEPOINT idemgate_open; " + sql;
   }
@@ -1932,6 +2207,9 @@ static_assert(store<PostgresStore>);
 static_assert(monitored_store<PostgresStore>);
 static_assert(explaining_store<PostgresStore>);
 static_assert(lease_extending_store<PostgresStore>);
+static_assert(lease_renewing_store<PostgresStore>);
 static_assert(redrivable_store<PostgresStore>);
+static_assert(labelling_store<PostgresStore>);
+static_assert(operable_store<PostgresStore>);
 
 }  // namespace idemgate

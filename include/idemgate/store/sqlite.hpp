@@ -318,9 +318,9 @@ class SqliteStore {
   /**
    * Creates the tables and indexes if missing, and brings a log made by an earlier version to
    * this version's shape, keeping every row: adds the columns it lacks (`duplicates`,
-   * `attempts`), and gives a log without gates its `gate` column and the primary key (gate,
-   * key) by rebuilding the table (SQLite cannot change a primary key in place). Rows written
-   * before logs knew their gates belong to no gate (''): assign them with
+   * `attempts`, `label`, `history`), and gives a log without gates its `gate` column and the
+   * primary key (gate, key) by rebuilding the table (SQLite cannot change a primary key in place).
+   * Rows written before logs knew their gates belong to no gate (''): assign them with
    * `for_gate(name).adopt_unowned_rows(...)`. All in one write transaction, which writers of
    * other processes wait for (the rebuild copies every row). Idempotent and safe from several
    * processes at once.
@@ -339,7 +339,9 @@ class SqliteStore {
       // CREATE TABLE IF NOT EXISTS keeps an earlier log as it is: add what it lacks first.
       for (const auto& [column, definition] :
            {std::pair<const char*, const char*>{"duplicates", "INTEGER NOT NULL DEFAULT 0"},
-            std::pair<const char*, const char*>{"attempts", "INTEGER NOT NULL DEFAULT 1"}}) {
+            std::pair<const char*, const char*>{"attempts", "INTEGER NOT NULL DEFAULT 1"},
+            std::pair<const char*, const char*>{"label", "TEXT"},
+            std::pair<const char*, const char*>{"history", "TEXT"}}) {
         if (lacks(table_, column))
           detail::sqlite::exec(
               db_.get(), "ALTER TABLE " + table_ + " ADD COLUMN " + column + " " + definition);
@@ -366,10 +368,16 @@ class SqliteStore {
   /// moment the write lock is held.
   Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
                       std::chrono::milliseconds lease) {
+    return reserve(key, fingerprint, request, lease, {});
+  }
+
+  /// Like `reserve`, and keeps `label` with a new row (a stored row keeps its own label).
+  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                      std::chrono::milliseconds lease, std::string_view label) {
     return run("reserving a key", &key, [&]() -> Reservation {
       begin();
       // Read after the write lock is held: time spent waiting must not shorten the lease.
-      Reservation reservation = reserve_row(key, fingerprint, request, now_micros(), lease);
+      Reservation reservation = reserve_row(key, fingerprint, request, now_micros(), lease, label);
       end("reserving a key");
       return reservation;
     });
@@ -386,7 +394,8 @@ class SqliteStore {
       std::vector<Reservation> reservations;
       reservations.reserve(items.size());
       for (const ReserveItem& item : items)
-        reservations.push_back(reserve_row(item.key, item.fingerprint, item.request, now, lease));
+        reservations.push_back(
+            reserve_row(item.key, item.fingerprint, item.request, now, lease, item.label));
       end("reserving keys");
       return reservations;
     });
@@ -642,6 +651,77 @@ class SqliteStore {
     });
   }
 
+  /**
+   * Re-drives up to `limit` failed rows of this gate whose reason is exactly `reason`, oldest
+   * failure first, as `redrive_failed(key)` does; returns how many changed. The rows' history
+   * keeps the reason.
+   *
+   * Example:
+   *   store.redrive_cause("401 token expired", 1000);
+   */
+  std::size_t redrive_cause(std::string_view reason, std::size_t limit) {
+    return run("re-driving a cause", nullptr, [&] {
+      begin();
+      const std::int64_t changed =
+          change(sql_.redrive_cause, "re-driving a cause", reason, detail::sql_limit(limit),
+                 detail::sqlite::ended_lease, now_micros());
+      end("re-driving a cause");
+      return static_cast<std::size_t>(changed);
+    });
+  }
+
+  /// Up to `query.limit` rows of this gate that match `query`, the newest change first. An
+  /// operator's query: filters other than the status scan the gate's rows.
+  std::vector<Record> rows(const RowQuery& query) {
+    return run("listing rows", nullptr, [&] {
+      auto& list = statement(sql_.rows);
+      detail::sqlite::ResetGuard guard(list);
+      bind_query(list, "listing rows", query);
+      std::vector<Record> found;
+      while (list.step("listing rows"))
+        found.push_back(detail::to_record(detail::sqlite::Row{list}));
+      return found;
+    });
+  }
+
+  /// How many rows of this gate match `query` (its limit aside).
+  std::int64_t count(const RowQuery& query) {
+    return run("counting rows", nullptr, [&] {
+      auto& read = statement(sql_.count);
+      detail::sqlite::ResetGuard guard(read);
+      bind_query(read, "counting rows", query);
+      return read.step("counting rows") ? read.int64(0) : std::int64_t{0};
+    });
+  }
+
+  /// This gate's failed and escalated rows grouped by status and reason, most rows first (then
+  /// the most recent), at most `limit` groups.
+  std::vector<Cause> causes(std::size_t limit) {
+    return run("grouping failures", nullptr, [&] {
+      auto& list = statement(sql_.causes);
+      detail::sqlite::ResetGuard guard(list);
+      list.bind("grouping failures", detail::sql_limit(limit), gate_);
+      std::vector<Cause> found;
+      while (list.step("grouping failures"))
+        found.push_back({parse_record_status(list.bytes(0)), list.bytes(1), list.int64(2),
+                         detail::from_micros(list.int64(3)), detail::from_micros(list.int64(4))});
+      return found;
+    });
+  }
+
+  /// The gates that have rows in this log, sorted, whichever gate this handle is scoped to
+  /// (rows of no gate are not listed). One step of the primary key's index per gate.
+  std::vector<std::string> gates() {
+    return run("listing gates", nullptr, [&] {
+      auto& list = statement(sql_.gates);
+      detail::sqlite::ResetGuard guard(list);
+      list.bind("listing gates");
+      std::vector<std::string> names;
+      while (list.step("listing gates")) names.push_back(list.bytes(0));
+      return names;
+    });
+  }
+
   /// The three signals over the events reserved in the last `window`, read in one statement (one
   /// consistent snapshot), with the in-flight rows being retried and the WAL file's size.
   StoreSignals signals(std::chrono::seconds window) {
@@ -784,7 +864,8 @@ class SqliteStore {
   struct Statements {
     std::string reserve, duplicate, take_over, commit, fail, escalate, release, find, take_stale,
         escalated, resolve, settled, signals, record_mismatch, mismatches, purge, redrive_key,
-        redrive_range, left_as_written, extend, adopt;
+        redrive_range, left_as_written, extend, adopt, reserve_labelled, redrive_cause, rows, count,
+        causes, gates;
   };
 
   // Everything the handles on one connection share: the connection, its lock and statements,
@@ -925,6 +1006,8 @@ class SqliteStore {
            "  reason      TEXT,\n"
            "  duplicates  INTEGER NOT NULL DEFAULT 0,  -- reservations that met this key\n"
            "  attempts    INTEGER NOT NULL DEFAULT 1,  -- 1 + takeovers and re-drives\n"
+           "  label       TEXT,  -- a readable label, kept only when asked (GateOptions)\n"
+           "  history     TEXT,  -- JSON: the newest ends of attempts and operators' actions\n"
            "  created_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
            "  updated_at  INTEGER NOT NULL,  -- microseconds since the Unix epoch\n"
            "  PRIMARY KEY (gate, key),  -- two gates may hold the same key\n"
@@ -967,6 +1050,28 @@ class SqliteStore {
     detail::sqlite::exec(db_.get(), "ALTER TABLE " + rebuilt + " RENAME TO " + table_);
   }
 
+  // The row's history with one more entry (`outcome`, `reason`, `at`: SQL expressions) for the
+  // attempt the row is at, keeping the newest `history_limit` entries, as JSON text.
+  static std::string history_with(std::string_view outcome, std::string_view reason,
+                                  std::string_view at) {
+    const std::string kept = "coalesce(history, '[]')";
+    return "json_insert(CASE WHEN json_array_length(" + kept +
+           ") >= " + std::to_string(history_limit) + " THEN json_remove(" + kept +
+           ", '$[0]') ELSE " + kept + " END, '$[#]', json_object('attempt', attempts, 'outcome', " +
+           std::string(outcome) + ", 'reason', " + std::string(reason) + ", 'at', " +
+           std::string(at) + "))";
+  }
+
+  // A takeover's history: an entry when the holder's lease ran out, none when it was given
+  // back (released or re-driven: those wrote their own, and end the lease at the epoch or
+  // before).
+  static std::string taken_over_history(std::string_view at) {
+    return "CASE WHEN lease_until <= 0 THEN history ELSE " +
+           history_with("'" + std::string(detail::taken_over_outcome) + "'",
+                        "'" + std::string(detail::lease_expired) + "'", at) +
+           " END";
+  }
+
   // Every statement takes the handle's gate as its last parameter (`change` and the reads bind
   // it): a handle never reads or writes another gate's row.
   static Statements statements(const std::string& t) {
@@ -980,46 +1085,55 @@ class SqliteStore {
                 " attempts, created_at, updated_at)"
                 " VALUES (?6, ?1, 'in_flight', 1, ?2, ?3, ?4, 0, 1, ?5, ?5)"
                 " ON CONFLICT (gate, key) DO NOTHING";
+    s.reserve_labelled = "INSERT INTO " + t +
+                         " (gate, key, status, fence, lease_until, fingerprint, request,"
+                         " duplicates, attempts, created_at, updated_at, label)"
+                         " VALUES (?7, ?1, 'in_flight', 1, ?2, ?3, ?4, 0, 1, ?5, ?5, ?6)"
+                         " ON CONFLICT (gate, key) DO NOTHING";
     s.duplicate = "UPDATE " + t +
                   " SET duplicates = duplicates + 1 WHERE gate = ?2 AND key = ?1"
                   " RETURNING fence, status, fingerprint, lease_until, result, reason";
     s.take_over = "UPDATE " + t +
                   " SET fence = fence + 1, attempts = attempts + 1, lease_until = ?3,"
-                  " updated_at = ?4"
+                  " updated_at = ?4, history = " +
+                  taken_over_history("?4") +
                   " WHERE gate = ?5 AND key = ?1 AND status = 'in_flight' AND fence = ?2"
                   " AND lease_until < ?4 RETURNING fence";
     s.commit = "UPDATE " + t +
                " SET status = 'committed', result = ?3, updated_at = ?4"
                " WHERE gate = ?5 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
-    s.fail = "UPDATE " + t +
-             " SET status = 'failed', reason = ?3, updated_at = ?4"
+    s.fail = "UPDATE " + t + " SET status = 'failed', reason = ?3, updated_at = ?4, history = " +
+             history_with("'failed'", "?3", "?4") +
              " WHERE gate = ?5 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
     s.escalate = "UPDATE " + t +
-                 " SET status = 'escalated', reason = ?3, updated_at = ?4"
+                 " SET status = 'escalated', reason = ?3, updated_at = ?4, history = " +
+                 history_with("'escalated'", "?3", "?4") +
                  " WHERE gate = ?5 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
     // The row stays: its lease ends, so the next delivery takes it over with a higher fence (a
     // worker still holding the old fence can never commit), and if no delivery comes back the
     // reconciler finishes the event.
     s.release = "UPDATE " + t +
                 " SET lease_until = ?3, updated_at = ?4,"
-                " reason = CASE WHEN ?5 = '' THEN reason ELSE ?5 END"
-                " WHERE gate = ?6 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
+                " reason = CASE WHEN ?5 = '' THEN reason ELSE ?5 END,"
+                " history = CASE WHEN ?5 = '' THEN history ELSE " +
+                history_with("'released'", "?5", "?4") +
+                " END WHERE gate = ?6 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
     s.extend = "UPDATE " + t +
                " SET lease_until = ?3"
                " WHERE gate = ?4 AND key = ?1 AND status = 'in_flight' AND fence = ?2";
     s.find = "SELECT " + columns + " FROM " + t + " WHERE gate = ?2 AND key = ?1";
     s.take_stale = "UPDATE " + t +
                    " SET fence = fence + 1, attempts = attempts + 1, lease_until = ?3,"
-                   " updated_at = ?1"
-                   " WHERE gate = ?5 AND key IN (SELECT key FROM " +
-                   t +
+                   " updated_at = ?1, history = " +
+                   taken_over_history("?1") + " WHERE gate = ?5 AND key IN (SELECT key FROM " + t +
                    " WHERE gate = ?5 AND status = 'in_flight' AND lease_until < ?1"
                    " AND updated_at <= ?2 ORDER BY lease_until LIMIT ?4)"
                    " RETURNING key, fence, request, attempts, reason";
     s.escalated = "SELECT " + columns + " FROM " + t +
                   " WHERE gate = ?2 AND status = 'escalated' ORDER BY updated_at, rowid LIMIT ?1";
     s.resolve = "UPDATE " + t +
-                " SET status = 'committed', result = ?2, updated_at = ?3"
+                " SET status = 'committed', result = ?2, updated_at = ?3, history = " +
+                history_with("'resolved'", "coalesce(reason, '')", "?3") +
                 " WHERE gate = ?4 AND key = ?1 AND status = 'escalated' RETURNING fence";
     s.settled = "SELECT status, fence FROM " + t + " WHERE gate = ?2 AND key = ?1";
     s.signals =
@@ -1050,18 +1164,42 @@ class SqliteStore {
               " AND status IN ('committed', 'failed') LIMIT ?2)";
     // A re-driven row is in flight under a new fence with its lease ended: the next delivery
     // takes it over at once, or the reconciler does.
-    const std::string redrive = "UPDATE " + t +
-                                " SET status = 'in_flight', fence = fence + 1,"
-                                " attempts = attempts + 1, reason = NULL,";
-    s.redrive_key = redrive +
-                    " lease_until = ?2, updated_at = ?3"
-                    " WHERE gate = ?4 AND key = ?1 AND status = 'failed'";
-    s.redrive_range = redrive +
-                      " lease_until = ?4, updated_at = ?5 WHERE gate = ?6 AND key IN"
-                      " (SELECT key FROM " +
-                      t +
+    // The history keeps the reason the re-drive clears.
+    const auto redrive = [&t](const char* lease, const char* now) {
+      return "UPDATE " + t +
+             " SET status = 'in_flight', fence = fence + 1, attempts = attempts + 1,"
+             " reason = NULL, history = " +
+             history_with("'redriven'", "coalesce(reason, '')", now) + ", lease_until = " + lease +
+             ", updated_at = " + now;
+    };
+    s.redrive_key = redrive("?2", "?3") + " WHERE gate = ?4 AND key = ?1 AND status = 'failed'";
+    s.redrive_range = redrive("?4", "?5") + " WHERE gate = ?6 AND key IN (SELECT key FROM " + t +
                       " WHERE gate = ?6 AND status = 'failed' AND updated_at >= ?1"
                       " AND updated_at < ?2 ORDER BY updated_at LIMIT ?3)";
+    s.redrive_cause = redrive("?3", "?4") + " WHERE gate = ?5 AND key IN (SELECT key FROM " + t +
+                      " WHERE gate = ?5 AND status = 'failed' AND coalesce(reason, '') = ?1"
+                      " ORDER BY updated_at LIMIT ?2)";
+    // An operator's filters: each parameter that is NULL (or '' for the label) matches any row.
+    const std::string filter =
+        " WHERE gate = ?7 AND (?1 IS NULL OR status = ?1)"
+        " AND (?2 IS NULL OR coalesce(reason, '') = ?2)"
+        " AND (?3 = '' OR instr(coalesce(label, ''), ?3) > 0)"
+        " AND (?4 IS NULL OR updated_at >= ?4) AND (?5 IS NULL OR updated_at < ?5)";
+    s.rows =
+        "SELECT " + columns + " FROM " + t + filter + " ORDER BY updated_at DESC, key LIMIT ?6";
+    s.count = "SELECT count(*) FROM " + t + filter;
+    s.causes =
+        "SELECT status, coalesce(reason, ''), count(*), min(updated_at), max(updated_at)"
+        " FROM " +
+        t +
+        " WHERE gate = ?2 AND status IN ('failed', 'escalated')"
+        " GROUP BY status, coalesce(reason, '')"
+        " ORDER BY count(*) DESC, max(updated_at) DESC LIMIT ?1";
+    // One step of the primary key's index per gate, however many rows each holds.
+    s.gates = "WITH RECURSIVE g(name) AS (SELECT min(gate) FROM " + t +
+              " WHERE gate > '' UNION ALL SELECT (SELECT min(gate) FROM " + t +
+              " WHERE gate > g.name) FROM g WHERE g.name IS NOT NULL)"
+              " SELECT name FROM g WHERE name IS NOT NULL";
     s.left_as_written = "SELECT count(*) FROM " + t +
                         " WHERE gate = ?4 AND key = ?1 AND status = 'committed' AND fence = ?2"
                         " AND updated_at = ?3";
@@ -1123,15 +1261,19 @@ class SqliteStore {
 
   // The body of `reserve` inside an open write transaction, at `now`.
   Reservation reserve_row(const Key& key, const Fingerprint& fingerprint, std::string_view request,
-                          std::int64_t now, std::chrono::milliseconds lease) {
+                          std::int64_t now, std::chrono::milliseconds lease,
+                          std::string_view label) {
     const SqliteBlob fingerprint_blob{
         {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()}};
     const std::int64_t until = detail::sqlite::later(now, lease);
     // A new key: one INSERT, with no RETURNING (SQLite builds a temporary table per run for
     // one) and no statement journal, so the common case allocates nothing per event.
-    if (change(sql_.reserve, "reserving a key", key, until, fingerprint_blob, SqliteBlob{request},
-               now) == 1)
-      return Reservation::acquired(1);
+    const bool inserted = label.empty()
+                              ? change(sql_.reserve, "reserving a key", key, until,
+                                       fingerprint_blob, SqliteBlob{request}, now) == 1
+                              : change(sql_.reserve_labelled, "reserving a key", key, until,
+                                       fingerprint_blob, SqliteBlob{request}, now, label) == 1;
+    if (inserted) return Reservation::acquired(1);
     Reservation found;
     bool take_over = false;
     {
@@ -1542,6 +1684,18 @@ class SqliteStore {
 
   std::int64_t now_micros() const { return detail::sqlite::to_micros(clock_()); }
 
+  // Binds an operator's query to `rows` or `count` (parameters ?1 to ?7, see statements()).
+  void bind_query(detail::sqlite::Statement& read, std::string_view doing, const RowQuery& query) {
+    const auto micros = [](const std::optional<std::chrono::system_clock::time_point>& at) {
+      return at ? std::optional<std::int64_t>(detail::sqlite::to_micros(*at)) : std::nullopt;
+    };
+    read.bind(
+        doing,
+        query.status ? std::optional<std::string_view>(to_string(*query.status)) : std::nullopt,
+        query.reason, query.label_contains, micros(query.changed_from), micros(query.changed_to),
+        detail::sql_limit(query.limit), gate_);
+  }
+
   // How long a truncating checkpoint may wait for readers, and how long to leave it after one
   // that could not finish (a reader holds a snapshot open).
   static constexpr std::chrono::milliseconds checkpoint_wait{100};
@@ -1585,5 +1739,7 @@ static_assert(monitored_store<SqliteStore>);
 static_assert(explaining_store<SqliteStore>);
 static_assert(lease_extending_store<SqliteStore>);
 static_assert(redrivable_store<SqliteStore>);
+static_assert(labelling_store<SqliteStore>);
+static_assert(operable_store<SqliteStore>);
 
 }  // namespace idemgate

@@ -142,6 +142,23 @@ std::string bytea_array_param(const Range& values) {
   return out;
 }
 
+/// Strings as a `text[]` parameter in text form: each quoted, `"` and `\` escaped.
+template <class Range>
+std::string text_array_param(const Range& values) {
+  std::string out = "{";
+  for (std::string_view text : values) {
+    if (out.size() > 1) out += ',';
+    out += '"';
+    for (char c : text) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '"';
+  }
+  out += '}';
+  return out;
+}
+
 /// Integers as a `bigint[]` parameter in text form.
 template <class Range>
 std::string bigint_array_param(const Range& values) {
