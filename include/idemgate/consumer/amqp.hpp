@@ -38,11 +38,11 @@ struct AmqpOptions {
   /// Virtual host.
   std::string vhost = "/";
   /// The queue to consume (required).
-  std::string queue;
+  std::string queue{};
   /// The fanout exchange dead letters go through; empty: `<queue>.dlx`.
-  std::string dead_letter_exchange;
+  std::string dead_letter_exchange{};
   /// The queue dead letters land in; empty: `<queue>.dead`.
-  std::string dead_letter_queue;
+  std::string dead_letter_queue{};
   /// Declare the queue (a durable quorum queue with the dead-letter exchange, at-least-once
   /// dead-lettering) and the dead-letter exchange and queue before consuming. Off: they exist
   /// already, declared the same way.
@@ -60,11 +60,11 @@ struct AmqpOptions {
   /// How long one wait for a delivery lasts before the loop looks at the stop signal again.
   std::chrono::milliseconds poll{200};
   /// Called once per delivery taken, before the gate sees it (for logs); none by default.
-  std::function<void(const Received&)> on_received;
+  std::function<void(const Received&)> on_received{};
   /// Called once per message settled (for logs); none by default. Runs on the loop's thread.
-  std::function<void(const Settlement&)> on_settled;
+  std::function<void(const Settlement&)> on_settled{};
   /// Called when the broker went away or refused something, before reconnecting (for logs).
-  std::function<void(std::string_view)> on_error;
+  std::function<void(std::string_view)> on_error{};
 };
 
 /// The dead-letter queue of `options`: `dead_letter_queue`, or `<queue>.dead`.
@@ -88,7 +88,9 @@ struct AmqpOptions {
  *
  * Example:
  *   idemgate::StopSignal stop;
- *   idemgate::consumer::AmqpConsumer consumer{gate, decode, {.queue = "notifications"}};
+ *   idemgate::consumer::AmqpOptions options;
+ *   options.queue = "notifications";
+ *   idemgate::consumer::AmqpConsumer consumer{gate, decode, options};
  *   std::thread loop([&] { consumer.run(stop); });
  *   stop.wait();
  *   if (!idemgate::stop_gracefully(std::chrono::seconds(20), gate, reconciler).clean())

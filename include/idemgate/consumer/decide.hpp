@@ -39,7 +39,8 @@ struct Received {
  *   stopping (`Gate::stop`): it reserved nothing.
  *
  * Example:
- *   auto settled = decide(gate, decode, received, policy);
+ *   auto settled = idemgate::consumer::decide(
+ *       gate, decode, std::span<const idemgate::consumer::Received>(received), policy);
  *   for (std::size_t i = 0; i < settled.size(); ++i) tell_broker(tags[i], settled[i].disposition);
  */
 template <class GateType, class Decode>

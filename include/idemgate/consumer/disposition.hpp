@@ -55,7 +55,16 @@ struct PoisonPolicy {
  *
  * Example:
  *   auto result = gate.process(key, request);
- *   switch (idemgate::consumer::disposition(result.status(), delivery_count)) { ... }
+ *   switch (idemgate::consumer::disposition(result.status(), delivery_count)) {
+ *     case idemgate::consumer::Disposition::ack:
+ *       message.ack();
+ *       break;
+ *     case idemgate::consumer::Disposition::redeliver:
+ *       break;  // not acked: the broker delivers it again
+ *     case idemgate::consumer::Disposition::dead_letter:
+ *       dead_letter(message, result.reason());
+ *       break;
+ *   }
  */
 [[nodiscard]] constexpr Disposition disposition(Status status, std::uint32_t deliveries,
                                                 PoisonPolicy policy = {}) noexcept {

@@ -24,11 +24,13 @@ namespace idemgate::consumer {
  * new on every publish and on every redelivery, so a key made of them never sees a duplicate.
  *
  * Example:
- *   auto decode = [](std::string_view body) -> std::optional<Event<SlotRequest>> {
+ *   auto decode = [](std::string_view body)
+ *       -> std::optional<idemgate::consumer::Event<SlotRequest>> {
  *     auto n = parse_notification(body);
- *     if (!n) return std::nullopt;  // malformed: dead-lettered
- *     return Event<SlotRequest>{derive_key("ect.claim_slot", n->id, n->container),
- *                               {n->container, n->window}};
+ *     if (!n) return std::nullopt;  // not an event: dead-lettered
+ *     return idemgate::consumer::Event<SlotRequest>{
+ *         idemgate::derive_key("ect.claim_slot", n->notification_id, n->equipment_number),
+ *         {n->equipment_number, n->preferred_window}};
  *   };
  */
 template <class Request>

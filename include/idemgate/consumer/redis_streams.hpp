@@ -34,17 +34,17 @@ struct RedisStreamsOptions {
   /// The server's "host:port" (port 6379 when left out).
   std::string address = "127.0.0.1:6379";
   /// The stream to consume (required).
-  std::string stream;
+  std::string stream{};
   /// The consumer group (created at the stream's start, with the stream, when missing).
   std::string group = "idemgate";
   /// This consumer's name in the group (required): stable across restarts of one deployment
   /// slot, or unique per process; a dead consumer's pending entries are claimed by the others
   /// either way.
-  std::string consumer;
+  std::string consumer{};
   /// The entry field holding the message body.
   std::string field = "body";
   /// The stream dead letters are added to; empty: `<stream>.dead`.
-  std::string dead_letter_stream;
+  std::string dead_letter_stream{};
   /// The largest batch read at once (XREADGROUP and XAUTOCLAIM COUNT; 1 to 10000).
   std::uint32_t count = 16;
   /// When a `retry` becomes a dead letter (the entry's times-delivered).
@@ -60,11 +60,11 @@ struct RedisStreamsOptions {
   /// How long one blocking read lasts before the loop looks at the stop signal again.
   std::chrono::milliseconds poll{200};
   /// Called once per entry taken, before the gate sees it (for logs); none by default.
-  std::function<void(const Received&)> on_received;
+  std::function<void(const Received&)> on_received{};
   /// Called once per entry settled (for logs); none by default. Runs on the loop's thread.
-  std::function<void(const Settlement&)> on_settled;
+  std::function<void(const Settlement&)> on_settled{};
   /// Called when the server went away or refused something, before reconnecting (for logs).
-  std::function<void(std::string_view)> on_error;
+  std::function<void(std::string_view)> on_error{};
 };
 
 /// The dead-letter stream of `options`: `dead_letter_stream`, or `<stream>.dead`.
@@ -86,8 +86,10 @@ struct RedisStreamsOptions {
  *
  * Example:
  *   idemgate::StopSignal stop;
- *   idemgate::consumer::RedisStreamsConsumer consumer{
- *       gate, decode, {.stream = "notifications", .consumer = hostname()}};
+ *   idemgate::consumer::RedisStreamsOptions options;
+ *   options.stream = "notifications";
+ *   options.consumer = "booker-1";
+ *   idemgate::consumer::RedisStreamsConsumer consumer{gate, decode, options};
  *   std::thread loop([&] { consumer.run(stop); });
  *   stop.wait();
  *   idemgate::stop_gracefully(std::chrono::seconds(20), gate, reconciler);
