@@ -11,7 +11,9 @@ set(options_structs
   "store/sqlite.hpp:SqliteOptions"
   "downstream/http.hpp:HttpOptions"
   "webhook/verification.hpp:WebhookOptions"
-  "metrics/prometheus_cpp.hpp:RegistryOptions")
+  "metrics/prometheus_cpp.hpp:RegistryOptions"
+  "consumer/amqp.hpp:AmqpOptions"
+  "consumer/redis_streams.hpp:RedisStreamsOptions")
 
 file(READ ${SOURCE_DIR}/docs/reference.md reference)
 set(missing "")
