@@ -93,8 +93,8 @@ struct AmqpOptions {
  *   idemgate::consumer::AmqpConsumer consumer{gate, decode, options};
  *   std::thread loop([&] { consumer.run(stop); });
  *   stop.wait();
- *   if (!idemgate::stop_gracefully(std::chrono::seconds(20), gate, reconciler).clean())
- *     consumer.requeue_in_hand();
+ *   const auto report = idemgate::stop_gracefully(std::chrono::seconds(20), gate, reconciler);
+ *   if (!report.clean()) consumer.requeue_in_hand();
  *   loop.join();
  */
 template <class GateType, class Decode>
