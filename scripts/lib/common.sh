@@ -4,7 +4,7 @@
 # The Debian packages a full build, test and benchmark run needs.
 IDEMGATE_PACKAGES=(
   g++ cmake make pkg-config
-  libssl-dev libpqxx-dev libsqlite3-dev libcpp-httplib-dev
+  libssl-dev libpqxx-dev libsqlite3-dev libcpp-httplib-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev
   postgresql postgresql-contrib pgbouncer

@@ -1,6 +1,7 @@
 # The packaging tests: idemgate as other projects take it in. One script, one MODE per test:
-#   install       installs idemgate into WORK_DIR/prefix (a CTest fixture: the modes that use the
-#                 installed tree share it)
+#   install       builds and installs idemgate into WORK_DIR/prefix (a CTest fixture: the modes
+#                 that use the installed tree, and test_operator_command, share it); with
+#                 EXPECT_COMMAND, bin/idemgate must be there and run
 #   package       the consumer in this folder finds the installed package (find_package), builds
 #                 and runs; the installed store conformance suite runs over the consumer's store
 #   subdirectory  the same consumer takes idemgate's sources in with add_subdirectory
@@ -9,7 +10,7 @@
 #                 naming the Debian package; OPTIONAL_COMPONENTS only reports it
 #   pkgconfig     the README's first example built with `c++ $(pkg-config --cflags --libs ...)`
 #                 against the installed tree, then run against IDEMGATE_TEST_PG
-# Variables: SOURCE_DIR, WORK_DIR, GENERATOR, CXX, MODE.
+# Variables: SOURCE_DIR, WORK_DIR, GENERATOR, CXX, MODE, EXPECT_COMMAND.
 
 cmake_minimum_required(VERSION 3.20)
 
@@ -56,6 +57,7 @@ if(MODE STREQUAL "install")
   step(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${work} -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
     -DIDEMGATE_BUILD_TESTS=OFF -DIDEMGATE_BUILD_BENCH=OFF -DIDEMGATE_BUILD_EXAMPLES=OFF
     -DCMAKE_INSTALL_PREFIX=${prefix})
+  step(${CMAKE_COMMAND} --build ${work} -j2)  # the operator command; the rest is headers
   step(${CMAKE_COMMAND} --install ${work})
   # The schema and the alerting rules are installed as they are in docs/, beside the guide.
   foreach(shipped schema.sql alerts.yml)
@@ -67,6 +69,14 @@ if(MODE STREQUAL "install")
   endforeach()
   if(NOT EXISTS ${prefix}/share/doc/idemgate/guide.md)
     message(FATAL_ERROR "the install does not hold the guide as share/doc/idemgate/guide.md")
+  endif()
+  # The operator command is installed to bin and runs from there.
+  if(EXPECT_COMMAND)
+    if(NOT EXISTS ${prefix}/bin/idemgate)
+      message(FATAL_ERROR "the install does not hold the operator command as bin/idemgate")
+    endif()
+    step(${prefix}/bin/idemgate --version)
+    expect("${step_output}" "^0\\.[0-9]+\\.[0-9]+" "bin/idemgate --version")
   endif()
   message(STATUS "idemgate installed into ${prefix}")
 

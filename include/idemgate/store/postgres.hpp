@@ -1180,6 +1180,7 @@ class PostgresStore {
         " + $9::bigint * interval '1 microsecond')";
     s.rows = "SELECT " + columns + " FROM " + t + filter +
              " ORDER BY updated_at DESC, key LIMIT $10::bigint";
+    // `count` takes `rows`' parameters, the limit included, so that both bind the same list.
     s.count = "SELECT count(*) FROM " + t + filter + " AND $10::bigint IS NOT NULL";
     s.causes =
         "SELECT status, coalesce(reason, ''), count(*),"
