@@ -222,7 +222,11 @@ TEST_F(RabbitMqConsumer, AMessageSlowerThanTheGraceIsRequeuedWithItsLeaseGivenBa
   LineProcess& second = start_consumer({"--no-reconciler"});
   ASSERT_TRUE(second.wait_for(
       [&](const std::string& l) { return redelivery_of(l, n.notification_id); }, 30s));
-  EXPECT_TRUE(second.wait_for_line("done " + n.notification_id + " processed ack", 30s));
+  EXPECT_TRUE(second.wait_for_line("done " + n.notification_id + " processed ack", 30s)) << [&] {
+    std::string all;
+    for (const auto& line : second.lines()) all += line.text + '\n';
+    return all;
+  }();
   ASSERT_TRUE(settled(1, 30s));
   EXPECT_EQ(count("SELECT count(*) FROM tms_bookings"), 1);
   EXPECT_EQ(terminal_.max_distinct_slots_per_key(), 1u);
