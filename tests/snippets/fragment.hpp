@@ -5,6 +5,7 @@
 // Headers without a prelude of their own use this one too.
 #include "context.hpp"
 
+#include <idemgate/consumer/disposition.hpp>
 #include <idemgate/store/sqlite.hpp>
 
 #if __has_include(<prometheus/exposer.h>)  // the metrics examples (idemgate::prometheus)

@@ -55,16 +55,10 @@ struct PoisonPolicy {
  *
  * Example:
  *   auto result = gate.process(key, request);
- *   switch (idemgate::consumer::disposition(result.status(), delivery_count)) {
- *     case idemgate::consumer::Disposition::ack:
- *       message.ack();
- *       break;
- *     case idemgate::consumer::Disposition::redeliver:
- *       break;  // not acked: the broker delivers it again
- *     case idemgate::consumer::Disposition::dead_letter:
- *       dead_letter(message, result.reason());
- *       break;
- *   }
+ *   const std::uint32_t deliveries = 1;  // as the broker counts them, the first being 1
+ *   if (idemgate::consumer::disposition(result.status(), deliveries) ==
+ *       idemgate::consumer::Disposition::ack)
+ *     message.ack();
  */
 [[nodiscard]] constexpr Disposition disposition(Status status, std::uint32_t deliveries,
                                                 PoisonPolicy policy = {}) noexcept {
