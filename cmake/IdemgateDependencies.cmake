@@ -82,6 +82,9 @@ idemgate_component(testing DEBIAN libgtest-dev NEEDS "GoogleTest"
   FIND GTest GTest::gtest gtest)
 idemgate_component(prometheus DEBIAN prometheus-cpp-dev NEEDS "prometheus-cpp"
   FIND prometheus-cpp prometheus-cpp::core prometheus-cpp-core)
+# The operator console (console/): served by the application's own cpp-httplib server.
+idemgate_component(console DEBIAN libcpp-httplib-dev NEEDS "cpp-httplib"
+  FIND httplib httplib::httplib cpp-httplib)
 # The broker consumers (include/idemgate/consumer/): RabbitMQ over rabbitmq-c, whose Debian
 # package ships a CMake package and a pkg-config module; Redis Streams over hiredis (pkg-config
 # only on Debian 12's 0.14, a CMake package from 1.0 on).

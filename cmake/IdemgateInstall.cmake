@@ -65,10 +65,11 @@ install(FILES
 install(FILES LICENSE README.md DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/idemgate)
 
 # What operators use beside the headers: the PostgreSQL schema (to apply by hand or review) and
-# the Prometheus alerting rules, in share/idemgate; the guides in share/doc/idemgate; and the
-# API reference there too when `cmake --build <dir> --target docs` ran before installing.
+# the Prometheus alerting rules, in share/idemgate; the guides (and their images) in
+# share/doc/idemgate; and the API reference there too when `cmake --build <dir> --target docs`
+# ran before installing.
 install(FILES docs/schema.sql docs/alerts.yml DESTINATION ${CMAKE_INSTALL_DATADIR}/idemgate)
 install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR} FILES_MATCHING PATTERN "*.md"
-  PATTERN "model" EXCLUDE)
+  PATTERN "*.png" PATTERN "model" EXCLUDE)
 install(DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/docs/html DESTINATION ${CMAKE_INSTALL_DOCDIR}
   OPTIONAL)

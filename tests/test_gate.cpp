@@ -417,6 +417,25 @@ TEST(Gate, LabelsAreKeptOnlyWhenAskedAndNeverChangeTheKey) {
   EXPECT_EQ(keeping.process(labelled, msku).status(), Status::duplicate);
 }
 
+TEST(Gate, ABatchKeepsEachMessagesLabelOnlyWhenAsked) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  MemoryBookings bookings;
+  const auto first = idemgate::derive_labelled_key("ect.claim_slot", "CIS-1", "MSKU7000037");
+  const auto second = idemgate::derive_labelled_key("ect.claim_slot", "CIS-2", "MSKU7000038");
+  const std::vector<idemgate::BatchMessage<SlotRequest>> batch{
+      {"m-1", first.key, msku, first.label}, {"m-2", second.key, msku, second.label}};
+  Gate plain{"ect.claim_slot", store, terminal, bookings.writer()};
+  for (const auto& item : plain.process_batch(batch).items())
+    EXPECT_EQ(item.result.status(), Status::processed);
+  EXPECT_EQ(plain.store().find(first.key)->label, "") << "off by default";
+  Gate keeping{"ect.cancel_slot", store, terminal, bookings.writer(), {.keep_labels = true}};
+  for (const auto& item : keeping.process_batch(batch).items())
+    EXPECT_EQ(item.result.status(), Status::processed);
+  EXPECT_EQ(keeping.store().find(first.key)->label, first.label);
+  EXPECT_EQ(keeping.store().find(second.key)->label, second.label);
+}
+
 TEST(Gate, GroupCommitKeepsTheLabelsOfItsReservations) {
   MemoryStore store;
   FakeTerminal<> terminal;

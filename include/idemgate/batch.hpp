@@ -20,6 +20,9 @@ struct BatchMessage {
   Key key;
   /// What the downstream is asked to do.
   Request request;
+  /// A readable label of the event (`derive_labelled_key`'s), kept with a new row when
+  /// `GateOptions::keep_labels` is on and the store keeps labels; empty keeps none.
+  std::string label = {};
 };
 
 /// The gate's answer for one message of a batch.

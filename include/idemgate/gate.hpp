@@ -97,7 +97,8 @@ struct GateOptions {
   /// Keeps the readable label of a `LabelledKey` (from `derive_labelled_key`) with a new row, so
   /// an operator recognises the event and finds it by the upstream's id. Off by default: a label
   /// holds the key's parts, which may be personal data (docs/operations.md). Needs a store that
-  /// keeps labels (`labelling_store`); others, and `process_batch`, keep none.
+  /// keeps labels (`labelling_store`); others keep none. `process_batch` keeps each message's
+  /// `BatchMessage::label`.
   bool keep_labels = false;
 };
 
@@ -740,16 +741,25 @@ class Gate {
       std::vector<ReserveItem> items;
       items.reserve(pending.size());
       for (std::size_t i : pending)
-        items.push_back({messages[i].key, slots[i].fingerprint, slots[i].bytes});
+        items.push_back(
+            {messages[i].key, slots[i].fingerprint, slots[i].bytes, label_of(messages[i])});
       if (!items.empty()) return store_.reserve_batch(items, options_.lease);
       return {};
     } else {
       std::vector<Reservation> reservations;
       for (std::size_t i : pending)
-        reservations.push_back(
-            store_.reserve(messages[i].key, slots[i].fingerprint, slots[i].bytes, options_.lease));
+        reservations.push_back(reserve_one(messages[i].key, slots[i].fingerprint, slots[i].bytes,
+                                           label_of(messages[i])));
       return reservations;
     }
+  }
+
+  // The label a batch message's new row keeps: its own when the gate keeps labels, else none.
+  std::string_view label_of(const BatchMessage<request_type>& message) const noexcept {
+    if constexpr (labelling_store<Store>) {
+      if (options_.keep_labels) return message.label;
+    }
+    return {};
   }
 
   void commit_all(std::span<const BatchMessage<request_type>> messages,

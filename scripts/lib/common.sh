@@ -13,6 +13,7 @@ IDEMGATE_PACKAGES=(
   prometheus prometheus-cpp-dev doxygen
   spin patch
   rabbitmq-server librabbitmq-dev
+  chromium chromium-driver python3-selenium
   redis-server libhiredis-dev
 )
 

@@ -510,6 +510,22 @@ TEST_F(PostgresGate, PurgeMeasuresTheWindowFromWhenTheEventFinished) {
   EXPECT_EQ(store->purge(7 * 24h, 10), 1u) << "finished eight days ago: past the window";
 }
 
+TEST_F(PostgresGate, ABatchReservedInOneStatementKeepsEachMessagesLabel) {
+  auto store = make_store();
+  FakeTerminal<> terminal;
+  Gate gate{"ect.claim_slot", *store, terminal, booking_writer(), {.keep_labels = true}};
+  const auto first = idemgate::derive_labelled_key("ect.claim_slot", "CIS-1", "MSKU7000037");
+  const auto second = idemgate::derive_labelled_key("ect.claim_slot", "CIS-2", "MSKU7000038");
+  const SlotRequest request{"MSKU7000037", "2025-06-09T07:00"};
+  const std::vector<idemgate::BatchMessage<SlotRequest>> batch{
+      {"m-1", first.key, request, first.label}, {"m-2", second.key, request, second.label}};
+  for (const auto& item : gate.process_batch(batch).items())
+    EXPECT_EQ(item.result.status(), Status::processed) << item.result.reason();
+  EXPECT_EQ(gate.store().find(first.key)->label, first.label);
+  EXPECT_EQ(gate.store().find(second.key)->label, second.label);
+  EXPECT_EQ(gate.store().rows({.label_contains = "CIS-2"}).size(), 1u);
+}
+
 TEST_F(PostgresGate, HugeLimitsMeanNoLimit) {
   auto store = make_store();
   EXPECT_NO_THROW((void)store->escalated(SIZE_MAX));

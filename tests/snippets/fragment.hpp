@@ -8,6 +8,10 @@
 #include <idemgate/consumer/disposition.hpp>
 #include <idemgate/store/sqlite.hpp>
 
+#if __has_include(<httplib.h>)  // the console examples (idemgate::console)
+#include <idemgate/console/httplib.hpp>
+#endif
+
 #if __has_include(<prometheus/exposer.h>)  // the metrics examples (idemgate::prometheus)
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
