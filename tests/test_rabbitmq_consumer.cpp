@@ -219,7 +219,9 @@ TEST_F(RabbitMqConsumer, AMessageSlowerThanTheGraceIsRequeuedWithItsLeaseGivenBa
   // The redelivery takes the event over at once: its lease was given back, so the next consumer
   // processes it instead of finding it in flight under a live lease.
   terminal_.set_latency(0ms);
-  LineProcess& second = start_consumer({"--no-reconciler"});
+  // The terminal still holds the first consumer's claim of that key for up to 4 s and answers the
+  // second's claims retry meanwhile: each is a delivery, so the poison limit must outlast them.
+  LineProcess& second = start_consumer({"--no-reconciler", "--max-deliveries", "1000"});
   ASSERT_TRUE(second.wait_for(
       [&](const std::string& l) { return redelivery_of(l, n.notification_id); }, 30s));
   EXPECT_TRUE(second.wait_for_line("done " + n.notification_id + " processed ack", 30s)) << [&] {
