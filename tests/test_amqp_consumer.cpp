@@ -73,6 +73,17 @@ class AmqpBroker : public idemgate::test::BrokerDriver {
     while (auto body = c.take(queue_ + ".dead")) dead_.push_back(*body);
     return dead_;
   }
+  /// The dead letters once there are `n` of them: the quorum queue dead-letters at least once,
+  /// through a worker of its own, a moment after the reject.
+  std::vector<std::string> dead_letters_within(std::size_t n, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto dead = dead_letters();
+    while (dead.size() < n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);
+      dead = dead_letters();
+    }
+    return dead;
+  }
   bool restart() override {
     channel_.reset();
     return idemgate::test::run_restart_script("IDEMGATE_TEST_AMQP_RESTART");
@@ -166,7 +177,7 @@ TEST_F(AmqpConsumerTest, RetryIsRedeliveredWithTheBrokersCountUntilThePoisonLimi
   }
   running.finish();
   EXPECT_EQ(gate_.ledger().claims_of("poison1"), 3) << "retried more than the limit allows";
-  EXPECT_EQ(broker_.dead_letters(), std::vector<std::string>{"poison1|v"});
+  EXPECT_EQ(broker_.dead_letters_within(1, 10s), std::vector<std::string>{"poison1|v"});
   EXPECT_EQ(broker_.unsettled(), 0u) << "the poison message is still in the queue";
 }
 
@@ -185,7 +196,7 @@ TEST_F(AmqpConsumerTest, ConflictsAndMalformedMessagesAreDeadLetteredNeverRequeu
   EXPECT_EQ(seen[2].status, std::nullopt);
   EXPECT_EQ(seen[2].disposition, Disposition::dead_letter);
   running.finish();
-  auto dead = broker_.dead_letters();
+  auto dead = broker_.dead_letters_within(2, 10s);
   std::sort(dead.begin(), dead.end());
   EXPECT_EQ(dead, (std::vector<std::string>{"n1|v2", "no bar, no event"}));
   EXPECT_EQ(broker_.unsettled(), 0u);
