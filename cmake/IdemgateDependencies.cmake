@@ -85,6 +85,10 @@ idemgate_component(prometheus DEBIAN prometheus-cpp-dev NEEDS "prometheus-cpp"
 # The operator console (console/): served by the application's own cpp-httplib server.
 idemgate_component(console DEBIAN libcpp-httplib-dev NEEDS "cpp-httplib"
   FIND httplib httplib::httplib cpp-httplib)
+# The server side's Boost.Beast adapter (server/beast.hpp); its core and its cpp-httplib adapter
+# need nothing more than the core and idemgate::http.
+idemgate_component(beast DEBIAN libboost-dev NEEDS "Boost.Beast (the Boost headers)"
+  FIND Boost Boost::headers -)
 # The broker consumers (include/idemgate/consumer/): RabbitMQ over rabbitmq-c, whose Debian
 # package ships a CMake package and a pkg-config module; Redis Streams over hiredis (pkg-config
 # only on Debian 12's 0.14, a CMake package from 1.0 on).

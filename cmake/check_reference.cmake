@@ -12,6 +12,8 @@ set(options_structs
   "downstream/http.hpp:HttpOptions"
   "webhook/verification.hpp:WebhookOptions"
   "metrics/prometheus_cpp.hpp:RegistryOptions"
+  "server/endpoint.hpp:EndpointOptions"
+  "server/key_header.hpp:KeyHeaderRules"
   "consumer/amqp.hpp:AmqpOptions"
   "consumer/redis_streams.hpp:RedisStreamsOptions")
 

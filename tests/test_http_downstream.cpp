@@ -306,11 +306,11 @@ TEST(HttpDownstream, RepeatedClaimWithSameKeyReturnsSameSlot) {
 }
 
 TEST(HttpDownstream, TerminalForgetsKeyAfterItsRetention) {
-  ect_delta::TerminalServer terminal{{.key_retention = 50ms}};
+  ect_delta::TerminalServer terminal{{.key_retention = 1s}};
   terminal.start();
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
   const auto first = downstream.claim(msku, key);
-  std::this_thread::sleep_for(80ms);
+  std::this_thread::sleep_for(1100ms);
   EXPECT_TRUE(downstream.lookup(key).not_found());
   const auto second = downstream.claim(msku, key);
   ASSERT_TRUE(first.ok() && second.ok());

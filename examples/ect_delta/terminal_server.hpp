@@ -4,16 +4,19 @@
 ///
 /// `POST /slots` with `{"container": "...", "window": "..."}` claims a slot and answers 201 with
 /// `{"slot": "ECTD-000001", "container": "...", "window": "..."}`. It honours `Idempotency-Key`
-/// as the IETF draft describes: the same key within its retention replays the original answer
+/// through idemgate's own server side (`idemgate::server::Endpoint`, over a `MemoryStore`), as
+/// the IETF draft describes: the same key within its retention replays the original answer
 /// (with `Idempotent-Replayed: true`), the same key with a different body is 422, a key whose
 /// first request is still running is 409, and a claim without a key is 400.
-/// `GET /slots?idempotency_key=<key>` answers 200 with the slot claimed under the key, or 404.
+/// `GET /slots?idempotency_key=<key>` answers the slot claimed under the key, or 404.
 ///
 /// It counts what it was asked and has fault switches: lost responses, error bursts, latency,
 /// and a mode that ignores keys, like the terminal in the incident this library comes from.
 
 #include <httplib.h>
 #include <common/json.hpp>
+#include <idemgate/server/httplib.hpp>
+#include <idemgate/store/memory.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -55,8 +58,9 @@ struct Slot {
 
 /// Tuning of a `TerminalServer`.
 struct TerminalServerOptions {
-  /// How long a key is remembered; a key reused after that claims a new slot.
-  std::chrono::milliseconds key_retention = std::chrono::hours(24);
+  /// How long a key is remembered (whole seconds, at least one); a key reused after that claims
+  /// a new slot.
+  std::chrono::seconds key_retention = std::chrono::hours(24);
   /// False: every claim gets a new slot, whatever its key (see `set_honours_keys`).
   bool honours_keys = true;
   /// How long a kept-alive connection may stay idle before the server closes it (whole
@@ -85,7 +89,7 @@ class TerminalServer {
  public:
   /// A server that is not yet listening; call `start()`.
   explicit TerminalServer(TerminalServerOptions options = {})
-      : retention_(options.key_retention),
+      : endpoint_("ect.slots", store_, endpoint_options(options)),
         honours_keys_(options.honours_keys),
         keep_alive_timeout_(options.keep_alive_timeout),
         keep_alive_max_requests_(options.keep_alive_max_requests) {}
@@ -198,9 +202,9 @@ class TerminalServer {
   /// The slot the terminal holds under a key (unquoted), if any.
   [[nodiscard]] std::optional<Slot> slot_for_key(const std::string& key) const {
     std::lock_guard lock(mutex_);
-    const auto it = entries_.find(key);
-    if (it == entries_.end() || !it->second.done) return std::nullopt;
-    return it->second.slot;
+    const auto it = slot_by_key_.find(key);
+    if (it == slot_by_key_.end()) return std::nullopt;
+    return it->second;
   }
 
   /// Lost acknowledgements: the next `n` claims do their work (claim or replay), then the
@@ -230,13 +234,11 @@ class TerminalServer {
   }
 
  private:
-  struct Entry {
-    std::string container;
-    std::string window;
-    bool done = false;
-    Slot slot;
-    std::chrono::steady_clock::time_point created;
-  };
+  static idemgate::server::EndpointOptions endpoint_options(const TerminalServerOptions& o) {
+    idemgate::server::EndpointOptions options;
+    options.key_lifetime = o.key_retention;
+    return options;
+  }
 
   static std::string unquote(std::string_view header) {
     while (!header.empty() && header.front() == ' ') header.remove_prefix(1);
@@ -252,101 +254,105 @@ class TerminalServer {
     res.set_content(json::Json{{"error", message}}.dump(), "application/json");
   }
 
-  static void answer_slot(httplib::Response& res, const Slot& slot, bool replayed, bool drop) {
-    res.status = 201;
-    if (replayed) res.set_header("Idempotent-Replayed", "true");
-    const std::string body = slot.to_json();
-    if (drop) {
-      // The status line and headers go out, the body never does: the connection is closed
-      // mid-response, which the client cannot tell from a lost acknowledgement.
-      res.set_content_provider(body.size(), "application/json",
-                               [](std::size_t, std::size_t, httplib::DataSink&) { return false; });
-      return;
-    }
-    res.set_content(body, "application/json");
+  // The endpoint's answer, or with `drop` its status line and headers only: the connection is
+  // closed mid-response, which the client cannot tell from a lost acknowledgement.
+  static void answer(httplib::Response& res, const idemgate::server::Response& response,
+                     bool drop) {
+    if (!drop) return idemgate::server::write_response(response, res);
+    res.status = response.status;
+    for (const auto& h : response.headers)
+      if (!idemgate::server::Response::same_name(h.name, "Content-Type"))
+        res.set_header(h.name, h.value);
+    res.set_content_provider(response.body.size(), "application/json",
+                             [](std::size_t, std::size_t, httplib::DataSink&) { return false; });
   }
 
   bool take_drop() {
+    std::lock_guard lock(mutex_);
     if (drops_left_ <= 0) return false;
     --drops_left_;
     return true;
   }
 
+  // Claims a slot, in the endpoint's transaction: what the terminal records of it (the slot
+  // under its key and container) happens only if the answer is stored with it.
+  idemgate::server::Response claim_slot(idemgate::MemoryStore::transaction& tx,
+                                        const std::string& key, const std::string& container,
+                                        const std::string& window) {
+    std::unique_lock lock(mutex_);
+    claims_in_progress_.fetch_add(1);
+    wake_.wait_for(lock, latency_, [this] { return stopping_; });
+    Slot slot{next_slot_id(), container, window};
+    claims_in_progress_.fetch_sub(1);
+    tx.on_commit([this, slot, key] {
+      std::lock_guard recorded(mutex_);
+      record(slot, key);
+      slot_by_key_[key] = slot;
+    });
+    return {201, {{"Content-Type", "application/json"}}, slot.to_json()};
+  }
+
+  void record(const Slot& slot, const std::string& key) {
+    by_container_[slot.container].insert(slot.id);
+    if (!key.empty()) by_key_[key].insert(slot.id);
+  }
+
   void handle_claim(const httplib::Request& req, httplib::Response& res) {
     claims_received_.fetch_add(1);
     const std::string header = req.get_header_value("Idempotency-Key");
-    std::unique_lock lock(mutex_);
-    connections_.insert(req.remote_port);
-    key_headers_.push_back(header);
-    if (failures_left_ > 0) {
-      --failures_left_;
-      return answer_error(res, failure_status_, "injected failure");
+    bool honours = false;
+    {
+      std::lock_guard lock(mutex_);
+      connections_.insert(req.remote_port);
+      key_headers_.push_back(header);
+      if (failures_left_ > 0) {
+        --failures_left_;
+        return answer_error(res, failure_status_, "injected failure");
+      }
+      honours = honours_keys_;
     }
     const std::optional<json::Json> body = json::parse(req.body);
     const auto container = body ? json::string_member(*body, "container") : std::nullopt;
     const auto window = body ? json::string_member(*body, "window") : std::nullopt;
     if (!container || container->empty() || !window || window->empty())
       return answer_error(res, 400, "body needs non-empty string fields container and window");
+
+    if (!honours) {
+      // The terminal of the incident: every claim is a new slot, whatever its key.
+      std::unique_lock lock(mutex_);
+      claims_in_progress_.fetch_add(1);
+      wake_.wait_for(lock, latency_, [this] { return stopping_; });
+      Slot slot{next_slot_id(), *container, *window};
+      record(slot, unquote(header));
+      claims_in_progress_.fetch_sub(1);
+      lock.unlock();
+      return answer(res, {201, {{"Content-Type", "application/json"}}, slot.to_json()},
+                    take_drop());
+    }
     const std::string key = unquote(header);
-    const bool honours = honours_keys_;
-    if (honours && key.empty())
-      return answer_error(res, 400, "Idempotency-Key header is required for POST /slots");
-
-    if (honours) {
-      auto it = entries_.find(key);
-      const auto now = std::chrono::steady_clock::now();
-      if (it != entries_.end() && it->second.done && now - it->second.created > retention_) {
-        entries_.erase(it);
-        it = entries_.end();
-      }
-      if (it != entries_.end()) {
-        const Entry& entry = it->second;
-        if (entry.container != *container || entry.window != *window)
-          return answer_error(res, 422, "Idempotency-Key was first used with a different body");
-        if (!entry.done)
-          return answer_error(res, 409, "a request with this Idempotency-Key is in progress");
-        const Slot replay = entry.slot;
-        const bool drop = take_drop();
-        lock.unlock();
-        return answer_slot(res, replay, true, drop);
-      }
-      entries_[key] = Entry{*container, *window, false, {}, now};
-    }
-
-    claims_in_progress_.fetch_add(1);
-    wake_.wait_for(lock, latency_, [this] { return stopping_; });
-    Slot slot{next_slot_id(), *container, *window};
-    by_container_[slot.container].insert(slot.id);
-    if (!key.empty()) by_key_[key].insert(slot.id);
-    if (honours) {
-      Entry& entry = entries_[key];
-      entry.done = true;
-      entry.slot = slot;
-      entry.created = std::chrono::steady_clock::now();
-    }
-    claims_in_progress_.fetch_sub(1);
-    const bool drop = take_drop();
-    lock.unlock();
-    answer_slot(res, slot, false, drop);
+    const auto response = endpoint_.handle(
+        idemgate::server::to_request(req, ""),
+        [&](idemgate::MemoryStore::transaction& tx, const idemgate::server::Request&) {
+          return claim_slot(tx, key, *container, *window);
+        });
+    const bool worked = response.status == 201;
+    answer(res, response, worked && take_drop());
   }
 
   void handle_lookup(const httplib::Request& req, httplib::Response& res) {
     lookups_received_.fetch_add(1);
     if (!req.has_param("idempotency_key"))
       return answer_error(res, 400, "GET /slots needs the idempotency_key query parameter");
-    const std::string key = unquote(req.get_param_value("idempotency_key"));
-    std::optional<Slot> slot;
+    bool honours = false;
     {
       std::lock_guard lock(mutex_);
       connections_.insert(req.remote_port);
-      const auto it = entries_.find(key);
-      if (honours_keys_ && it != entries_.end() && it->second.done &&
-          std::chrono::steady_clock::now() - it->second.created <= retention_)
-        slot = it->second.slot;
+      honours = honours_keys_;
     }
-    if (!slot) return answer_error(res, 404, "no slot under this Idempotency-Key");
-    res.status = 200;
-    res.set_content(slot->to_json(), "application/json");
+    if (!honours) return answer_error(res, 404, "no slot under this Idempotency-Key");
+    idemgate::server::write_response(
+        endpoint_.lookup("", "POST", "/slots", unquote(req.get_param_value("idempotency_key"))),
+        res);
   }
 
   std::string next_slot_id() {
@@ -360,10 +366,12 @@ class TerminalServer {
   std::thread thread_;
   int port_ = 0;
 
+  idemgate::MemoryStore store_;
+  idemgate::server::Endpoint<idemgate::MemoryStore> endpoint_;
+
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
-  std::chrono::milliseconds retention_;
   bool honours_keys_;
   std::chrono::seconds keep_alive_timeout_;
   std::size_t keep_alive_max_requests_;
@@ -373,7 +381,7 @@ class TerminalServer {
   int failures_left_ = 0;
   int failure_status_ = 503;
   int issued_ = 0;
-  std::map<std::string, Entry> entries_;
+  std::map<std::string, Slot> slot_by_key_;
   std::map<std::string, std::set<std::string>> by_container_;
   std::map<std::string, std::set<std::string>> by_key_;
   std::vector<std::string> key_headers_;

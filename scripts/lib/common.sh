@@ -14,6 +14,7 @@ IDEMGATE_PACKAGES=(
   spin patch
   rabbitmq-server librabbitmq-dev
   chromium chromium-driver python3-selenium
+  curl python3-requests libboost-dev
   redis-server libhiredis-dev
 )
 

@@ -207,13 +207,13 @@ Debian package libhiredis-dev" "a required component whose dependency is missing
   expect("${text}" "there is no component 'sqlight' \\(there are: postgres, sqlite, http, testing, prometheus"
     "an unknown component")
   # Every component, with its dependencies there.
-  configure(0 "postgres;sqlite;http;testing;prometheus;console;amqp;redis_streams" OFF OFF)
-  foreach(c postgres sqlite http testing prometheus console amqp redis_streams)
+  configure(0 "postgres;sqlite;http;testing;prometheus;console;beast;amqp;redis_streams" OFF OFF)
+  foreach(c postgres sqlite http testing prometheus console beast amqp redis_streams)
     expect("${text}" "component ${c}: found in ${work}/src " "the installed component ${c}")
   endforeach()
   # The same from two sibling directories of one project: each gets every component.
-  configure(0 "postgres;sqlite;http;testing;prometheus;console" OFF OFF ON)
-  foreach(c postgres sqlite http testing prometheus console)
+  configure(0 "postgres;sqlite;http;testing;prometheus;console;beast" OFF OFF ON)
+  foreach(c postgres sqlite http testing prometheus console beast)
     expect("${text}" "component ${c}: found in ${work}/src/a .*component ${c}: found in \
 ${work}/src/b" "the component ${c} in both sibling directories")
   endforeach()
@@ -227,7 +227,7 @@ elseif(MODE STREQUAL "pkgconfig")
   set(ENV{PKG_CONFIG_PATH} ${prefix}/share/pkgconfig)
   find_program(PKG_CONFIG pkg-config REQUIRED)
   foreach(module idemgate idemgate-postgres idemgate-sqlite idemgate-http idemgate-testing
-      idemgate-console)
+      idemgate-console idemgate-beast)
     step(${PKG_CONFIG} --validate ${module})
     step(${PKG_CONFIG} --print-errors --exists ${module})
   endforeach()

@@ -124,6 +124,16 @@ class MemoryStore {
     return CommitStatus::committed;
   }
 
+  /// Like `commit`, with the result returned by `produce(transaction&)`.
+  template <class Produce>
+  CommitStatus commit_computed(const Key& key, std::int64_t fence, Produce&& produce) {
+    transaction tx;
+    std::string result = std::forward<Produce>(produce)(tx);
+    return commit(key, fence, result, [&](transaction& outer) {
+      outer.effects_ = std::move(tx.effects_);
+    });
+  }
+
   /// Stores a permanent failure, only if `fence` still holds.
   CommitStatus fail(const Key& key, std::int64_t fence, std::string_view reason) {
     return settle(key, fence, RecordStatus::failed, reason);

@@ -575,6 +575,37 @@ class PostgresStore {
     });
   }
 
+  /**
+   * Like `commit`, for a result that only the transaction can give: runs `produce(pqxx::work&)`
+   * and stores the string it returns as the result, in the same transaction, only if `fence`
+   * still holds. Whatever `produce` throws rolls everything back and propagates. A broken
+   * connection is retried on a fresh one, where `produce` runs again (its first transaction did
+   * not commit). The server side (`server/endpoint.hpp`) runs a request's handler this way.
+   */
+  template <class Produce>
+  CommitStatus commit_computed(const Key& key, std::int64_t fence, Produce&& produce) {
+    const std::string key_param = detail::pq::bytea_param(key.view());
+    return with_commit_retries(key, [&](Lease& c, int attempt) -> CommitStatus {
+      if (attempt > 1) {
+        pqxx::nontransaction check(c.connection());
+        if (const auto settled = settled_state(c, check, key_param, fence, RecordStatus::committed))
+          return *settled;
+      }
+      pqxx::work tx(c.connection());
+      std::string result;
+      run_business_write(key, [&] { result = produce(tx); });
+      const pqxx::result updated =
+          fenced_update(tx, in_open_transaction(fenced_update_sql(key, fence, result)), key);
+      if (detail::pq::affected_rows(updated) == 0) {
+        tx.abort();
+        pqxx::nontransaction check(c.connection());
+        return settled_earlier(c, check, key_param, fence, RecordStatus::committed);
+      }
+      tx.commit();
+      return CommitStatus::committed;
+    });
+  }
+
   /// Stores a permanent failure, only if `fence` still holds.
   CommitStatus fail(const Key& key, std::int64_t fence, std::string_view reason) {
     return settle(Statement::fail, key, fence, reason, RecordStatus::failed);

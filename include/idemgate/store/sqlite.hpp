@@ -498,6 +498,33 @@ class SqliteStore {
     });
   }
 
+  /**
+   * Like `commit`, for a result that only the transaction can give: runs `produce(transaction&)`
+   * and stores the string it returns as the result, in the same transaction, only if `fence`
+   * still holds (when it does not, `produce` is not run). Whatever `produce` throws rolls
+   * everything back and propagates. The server side (`server/endpoint.hpp`) runs a request's
+   * handler this way, so its writes and the stored response commit together.
+   */
+  template <class Produce>
+  CommitStatus commit_computed(const Key& key, std::int64_t fence, Produce&& produce) {
+    return run("committing", &key, [&] {
+      begin();
+      const std::int64_t now = now_micros();
+      if (change(sql_.commit, "committing", key, fence, SqliteBlob{std::string_view()}, now) ==
+          0) {
+        const CommitStatus earlier = settled_earlier(key, fence, RecordStatus::committed);
+        rollback();
+        return earlier;
+      }
+      std::string result;
+      auto write = [&](SqliteTransaction& tx) { result = produce(tx); };
+      run_business(key, fence, now, write);
+      change(sql_.set_result, "committing", key, fence, SqliteBlob{std::string_view(result)});
+      end_commit(key);
+      return CommitStatus::committed;
+    });
+  }
+
   /// Stores a permanent failure, only if `fence` still holds (`committed` also when this fence
   /// already stored it).
   CommitStatus fail(const Key& key, std::int64_t fence, std::string_view reason) {
@@ -865,7 +892,7 @@ class SqliteStore {
     std::string reserve, duplicate, take_over, commit, fail, escalate, release, find, take_stale,
         escalated, resolve, settled, signals, record_mismatch, mismatches, purge, redrive_key,
         redrive_range, left_as_written, extend, adopt, reserve_labelled, redrive_cause, rows, count,
-        causes, gates;
+        causes, gates, set_result;
   };
 
   // Everything the handles on one connection share: the connection, its lock and statements,
@@ -1200,6 +1227,9 @@ class SqliteStore {
               " WHERE gate > '' UNION ALL SELECT (SELECT min(gate) FROM " + t +
               " WHERE gate > g.name) FROM g WHERE g.name IS NOT NULL)"
               " SELECT name FROM g WHERE name IS NOT NULL";
+    // commit_computed's result, written once its producer ran, under the commit's fence.
+    s.set_result = "UPDATE " + t + " SET result = ?3" +
+                   " WHERE gate = ?4 AND key = ?1 AND status = 'committed' AND fence = ?2";
     s.left_as_written = "SELECT count(*) FROM " + t +
                         " WHERE gate = ?4 AND key = ?1 AND status = 'committed' AND fence = ?2"
                         " AND updated_at = ?3";

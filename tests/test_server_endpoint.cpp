@@ -1,0 +1,305 @@
+// The server side (server/): the Idempotency-Key header, canonical JSON fingerprints, the stored
+// response, and Endpoint over SQLite through the cpp-httplib adapter, on loopback.
+
+#include "support/server_scenarios.hpp"
+#include "support/sqlite_files.hpp"
+
+#include <idemgate/downstream/http.hpp>
+#include <idemgate/idemgate.hpp>
+#include <idemgate/reconciler.hpp>
+#include <idemgate/server/canonical_json.hpp>
+#include <idemgate/server/key_header.hpp>
+#include <idemgate/server/message.hpp>
+#include <idemgate/store/memory.hpp>
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+using namespace idemgate;
+using namespace idemgate::test;
+using server::canonical_json;
+using server::read_key_header;
+
+static_assert(server::answering_store<SqliteStore>);
+static_assert(server::answering_store<MemoryStore>);
+
+TEST(CanonicalJson, MemberOrderAndWhitespaceDoNotMatter) {
+  const auto a = canonical_json(R"({"b":[1, 2,{"y":null,"x":true}],"a":"A"})");
+  const auto b =
+      canonical_json("{\n  \"a\" : \"\\u0041\",\n  \"b\" : [ 1 , 2 , {\"x\":true,\"y\":null} ]\n}");
+  ASSERT_TRUE(a.ok) << a.error;
+  ASSERT_TRUE(b.ok) << b.error;
+  EXPECT_EQ(a.text, R"({"a":"A","b":[1,2,{"x":true,"y":null}]})");
+  EXPECT_EQ(a.text, b.text);
+}
+
+TEST(CanonicalJson, DuplicateMemberNamesAreRefused) {
+  const auto c = canonical_json(R"({"amount":1,"amount":100})");
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.error.find("\"amount\" appears twice"), std::string::npos) << c.error;
+  EXPECT_FALSE(canonical_json(R"({"a":{"b":1,"b":1}})").ok);
+}
+
+TEST(CanonicalJson, ValuesKeepTheirMeaning) {
+  EXPECT_NE(canonical_json(R"({"n":1})").text, canonical_json(R"({"n":"1"})").text);
+  EXPECT_NE(canonical_json(R"([1,2])").text, canonical_json(R"([2,1])").text);
+  EXPECT_EQ(canonical_json(R"("a\/b\n")").text, "\"a/b\\n\"");
+  EXPECT_EQ(canonical_json(R"("\ud83d\ude00")").text, "\"\xF0\x9F\x98\x80\"");
+}
+
+TEST(CanonicalJson, WhatIsNotJsonIsRefused) {
+  for (const char* bad : {"", "{", "{\"a\":1,}", "[1,]", "01", "1.", "{\"a\" 1}", "nul", "\"\\x\"",
+                          "\"\\ud800\"", "{} {}", "\"a\nb\""})
+    EXPECT_FALSE(canonical_json(bad).ok) << bad;
+  std::string deep(200, '[');
+  deep += std::string(200, ']');
+  EXPECT_FALSE(canonical_json(deep).ok);
+}
+
+TEST(KeyHeader, AStructuredFieldStringIsUnquotedAndUnescaped) {
+  const auto k = read_key_header(R"( "8e03978e-40d5\"x\\" )");
+  ASSERT_TRUE(k.ok) << k.error;
+  EXPECT_EQ(k.key, R"(8e03978e-40d5"x\)");
+}
+
+TEST(KeyHeader, ABareValueIsAcceptedOnlyWhenAllowed) {
+  EXPECT_EQ(read_key_header("abc-123").key, "abc-123");
+  server::KeyHeaderRules strict;
+  strict.accept_bare = false;
+  const auto refused = read_key_header("abc-123", strict);
+  EXPECT_FALSE(refused.ok);
+  EXPECT_NE(refused.error.find("quoted"), std::string::npos);
+  EXPECT_FALSE(read_key_header("a b").ok);
+}
+
+TEST(KeyHeader, MalformedStringsAndLimitsAreRefused) {
+  for (const char* bad :
+       {"\"", "\"abc", "\"a\\b\"", "\"a\";p=1", "\"a\", \"b\"", "\"\"", "", "\"\xC3\xA9\""})
+    EXPECT_FALSE(read_key_header(bad).ok) << bad;
+  EXPECT_TRUE(read_key_header("\"" + std::string(255, 'k') + "\"").ok);
+  const auto long_key = read_key_header("\"" + std::string(256, 'k') + "\"");
+  EXPECT_FALSE(long_key.ok);
+  EXPECT_NE(long_key.error.find("at most 255"), std::string::npos);
+}
+
+TEST(StoredResponse, KeepsStatusTheChosenHeadersAndBody) {
+  server::Response r{201,
+                     {{"content-type", "application/json"}, {"Date", "today"}, {"ETag", "\"1\""}},
+                     std::string("a\0b", 3)};
+  const auto back = server::decode_response(server::encode_response(r, {"Content-Type", "ETag"}));
+  EXPECT_EQ(back.status, 201);
+  ASSERT_EQ(back.headers.size(), 2u);
+  EXPECT_EQ(back.header("Content-Type"), "application/json");
+  EXPECT_EQ(back.header("etag"), "\"1\"");
+  EXPECT_FALSE(back.header("Date"));
+  EXPECT_EQ(back.body, std::string("a\0b", 3));
+  EXPECT_THROW((void)server::decode_response("r1 3:201"), CodecError);
+}
+
+struct SqliteServer : ::testing::Test {
+  sqlite::TempDir dir;
+  SqliteClaims claims{dir.file("api.db")};
+};
+
+TEST_F(SqliteServer, SixteenConcurrentRequestsRunTheHandlerOnce) {
+  sixteen_concurrent_requests_run_the_handler_once(claims);
+}
+
+TEST_F(SqliteServer, AKeyReusedWithAnotherRequestIsRefused) {
+  a_key_reused_with_another_request_is_refused(claims);
+}
+
+TEST_F(SqliteServer, KilledAfterCommitReplaysOnRetry) {
+  killed_after_commit_replays_on_retry(claims, claims.path, "idemgate_log");
+}
+
+TEST_F(SqliteServer, KilledBeforeCommitLeavesNothing) {
+  killed_before_commit_leaves_nothing(claims, claims.path, "idemgate_log");
+}
+
+TEST_F(SqliteServer, KeysExpireAndRetentionPurgesThem) {
+  keys_expire_and_retention_purges_them(claims);
+}
+
+TEST_F(SqliteServer, AMissingKeyIs400AndRunsNothing) {
+  InProcessClaims<SqliteClaims> api(claims, {});
+  const auto r = post_claim(api.port(), "", R"({"n":1})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "application/problem+json");
+  EXPECT_NE(r->body.find("idempotency-key-missing"), std::string::npos);
+  EXPECT_EQ(api.handler_runs(), 0);
+}
+
+TEST_F(SqliteServer, AKeyNotRequiredRunsEachRequestWithoutOne) {
+  server::EndpointOptions options;
+  options.key_required = false;
+  InProcessClaims<SqliteClaims> api(claims, options);
+  EXPECT_EQ(post_claim(api.port(), "", R"({"n":1})")->body, R"({"claim":1})");
+  EXPECT_EQ(post_claim(api.port(), "", R"({"n":1})")->body, R"({"claim":2})");
+}
+
+TEST_F(SqliteServer, AMalformedKeyOrBodyIs400AndRunsNothing) {
+  InProcessClaims<SqliteClaims> api(claims, {});
+  const auto key = post_claim(api.port(), "\"unclosed", R"({"n":1})");
+  ASSERT_TRUE(key);
+  EXPECT_EQ(key->status, 400);
+  EXPECT_NE(key->body.find("idempotency-key-malformed"), std::string::npos);
+  const auto longer = post_claim(api.port(), std::string(300, 'k'), R"({"n":1})");
+  EXPECT_EQ(longer->status, 400);
+  const auto twice = post_claim(api.port(), "\"dup\"", R"({"amount":1,"amount":100})");
+  ASSERT_TRUE(twice);
+  EXPECT_EQ(twice->status, 400);
+  EXPECT_NE(twice->body.find("appears twice"), std::string::npos);
+  EXPECT_EQ(api.handler_runs(), 0);
+}
+
+TEST_F(SqliteServer, TwoKeyHeaderLinesAre400AndRunNothing) {
+  InProcessClaims<SqliteClaims> api(claims, {});
+  httplib::Client c("127.0.0.1", api.port());
+  const auto r = c.Post(
+      "/claims", {{"X-Client", "acme"}, {"Idempotency-Key", "\"a\""}, {"Idempotency-Key", "\"b\""}},
+      R"({"n":1})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("idempotency-key-malformed"), std::string::npos);
+  EXPECT_EQ(api.handler_runs(), 0);
+}
+
+TEST_F(SqliteServer, KeysAreScopedPerClient) {
+  InProcessClaims<SqliteClaims> api(claims, {});
+  const auto acme = post_claim(api.port(), "\"same\"", R"({"n":1})", "acme");
+  const auto other = post_claim(api.port(), "\"same\"", R"({"n":2})", "globex");
+  ASSERT_TRUE(acme && other);
+  EXPECT_EQ(acme->body, R"({"claim":1})");
+  EXPECT_EQ(other->status, 201);
+  EXPECT_EQ(other->body, R"({"claim":2})");
+  EXPECT_EQ(other->get_header_value("Idempotent-Replayed"), "");
+}
+
+TEST_F(SqliteServer, AReplayCarriesTheStoredHeadersOnly) {
+  InProcessClaims<SqliteClaims> api(claims, {});
+  const auto first = post_claim(api.port(), "bare-key", R"({"n":1})");
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->get_header_value("X-Not-Stored"), "first-answer-only");
+  EXPECT_EQ(first->get_header_value("Idempotent-Replayed"), "");
+  const auto replay = post_claim(api.port(), "\"bare-key\"", R"({"n":1})");
+  ASSERT_TRUE(replay);
+  EXPECT_EQ(replay->status, 201);
+  EXPECT_EQ(replay->get_header_value("Idempotent-Replayed"), "true");
+  EXPECT_EQ(replay->get_header_value("Location"), "/claims/1");
+  EXPECT_EQ(replay->get_header_value("Content-Type"), "application/json");
+  EXPECT_EQ(replay->get_header_value("X-Not-Stored"), "");
+}
+
+// A handler's 4xx after validation is stored with its writes; a 5xx and a throw roll its writes
+// back and store nothing, so the retry runs it again.
+TEST_F(SqliteServer, ClientErrorsAreStoredServerErrorsAndThrowsAreNot) {
+  auto store = claims.open();
+  store.migrate();
+  claims.create();
+  server::Endpoint endpoint{"claims.api", store};
+  int runs = 0;
+  int status = 409;
+  const auto handler = [&](SqliteTransaction& tx, const server::Request& r) {
+    ++runs;
+    SqliteClaims::insert(tx, r.client);
+    if (status == 0) throw std::runtime_error("the handler broke");
+    return server::Response{status, {{"Content-Type", "text/plain"}}, "answer"};
+  };
+  server::Request request{"POST", "/claims", "\"k\"", "text/plain", "body", "acme"};
+  EXPECT_EQ(endpoint.handle(request, handler).status, 409);
+  const auto replay = endpoint.handle(request, handler);
+  EXPECT_EQ(replay.status, 409);
+  EXPECT_EQ(replay.header("Idempotent-Replayed"), "true");
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(claims.count(), 1);
+
+  request.idempotency_key = "\"k5\"";
+  status = 503;
+  EXPECT_EQ(endpoint.handle(request, handler).status, 503);
+  status = 0;
+  const auto thrown = endpoint.handle(request, handler);
+  EXPECT_EQ(thrown.status, 500);
+  EXPECT_EQ(thrown.header("Content-Type"), "application/problem+json");
+  EXPECT_EQ(claims.count(), 1);
+  status = 201;
+  const auto ran = endpoint.handle(request, handler);
+  EXPECT_EQ(ran.status, 201);
+  EXPECT_FALSE(ran.header("Idempotent-Replayed"));
+  EXPECT_EQ(runs, 4);
+  EXPECT_EQ(claims.count(), 2);
+}
+
+TEST_F(SqliteServer, AProjectionChoosesWhatTheFingerprintCompares) {
+  auto store = claims.open();
+  store.migrate();
+  server::EndpointOptions options;
+  options.canonical = [](const server::Request& r) {
+    return server::CanonicalJson{true, r.body.substr(0, r.body.find('|')), {}};
+  };
+  server::Endpoint endpoint{"claims.api", store, options};
+  const auto handler = [](SqliteTransaction&, const server::Request& r) {
+    return server::Response{200, {}, r.body};
+  };
+  server::Request request{"POST", "/x", "\"k\"", "text/plain", "same|trace-1", "acme"};
+  EXPECT_EQ(endpoint.handle(request, handler).body, "same|trace-1");
+  request.body = "same|trace-2";
+  EXPECT_EQ(endpoint.handle(request, handler).header("Idempotent-Replayed"), "true");
+  request.body = "other|trace-2";
+  EXPECT_EQ(endpoint.handle(request, handler).status, 422);
+}
+
+// The lookup of a consumer built with idemgate: its HttpDownstream's lookup finds what the
+// endpoint stored under the key it sent, and its Reconciler commits it without claiming again.
+struct ClaimsMapping {
+  using request_type = std::string;
+  using outcome_type = std::string;
+  HttpCall claim_call(const std::string& body) const { return {"POST", "/claims", body}; }
+  HttpCall lookup_call(const Key& key) const {
+    return {"GET", "/claims?idempotency_key=" + key.hex()};
+  }
+  std::optional<std::string> parse_outcome(std::string_view body) const {
+    return std::string(body);
+  }
+};
+
+TEST_F(SqliteServer, AConsumersReconcilerFindsTheResponseByKey) {
+  InProcessClaims<SqliteClaims> api(claims, {});
+  HttpOptions http;
+  http.headers = {{"X-Client", "acme"}};
+  HttpDownstream<ClaimsMapping> downstream{"http://127.0.0.1:" + std::to_string(api.port()), http};
+  SqliteStore consumer_store{dir.file("consumer.db")};
+  consumer_store.migrate();
+  int committed = 0;
+  Gate gate{"consumer.claims", consumer_store, downstream,
+            [&](SqliteTransaction&, const std::string&, const std::string&) { ++committed; }};
+  const Key key = derive_key("consumer.claims", "event-1");
+  EXPECT_TRUE(downstream.lookup(key).not_found());
+  // The consumer reserved, its claim landed, and it died before committing.
+  const auto fp = detail::sha256("{\"n\":1}");
+  Fingerprint fingerprint{};
+  std::copy(fp.begin(), fp.end(), fingerprint.begin());
+  ASSERT_EQ(gate.store().reserve(key, fingerprint, "{\"n\":1}", std::chrono::milliseconds(1)).kind,
+            Reservation::Kind::acquired);
+  const auto landed = downstream.claim("{\"n\":1}", key);
+  ASSERT_TRUE(landed.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ReconcilerOptions options;
+  options.stale_after = std::chrono::milliseconds(1);
+  Reconciler reconciler{gate, options};
+  const auto report = reconciler.run_once();
+  EXPECT_EQ(report.found, 1u) << report.first_error;
+  EXPECT_EQ(api.handler_runs(), 1);
+  EXPECT_EQ(committed, 1);
+  const auto row = gate.store().find(key);
+  ASSERT_TRUE(row);
+  EXPECT_EQ(row->status, RecordStatus::committed);
+  EXPECT_EQ(row->result, R"({"claim":1})");
+}
+
+}  // namespace
