@@ -13,7 +13,9 @@ set(options_structs
   "webhook/verification.hpp:WebhookOptions"
   "metrics/prometheus_cpp.hpp:RegistryOptions"
   "server/endpoint.hpp:EndpointOptions"
-  "server/key_header.hpp:KeyHeaderRules")
+  "server/key_header.hpp:KeyHeaderRules"
+  "consumer/amqp.hpp:AmqpOptions"
+  "consumer/redis_streams.hpp:RedisStreamsOptions")
 
 file(READ ${SOURCE_DIR}/docs/reference.md reference)
 set(missing "")

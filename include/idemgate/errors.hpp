@@ -41,4 +41,12 @@ class BusinessWriteError : public StoreError {
   using StoreError::StoreError;
 };
 
+/// Thrown by a broker consumer when its broker cannot be used: unreachable, a login refused, a
+/// declaration refused, a settlement that did not reach it. The consumer's loop reconnects on
+/// its own; what it had not settled is delivered again by the broker.
+class BrokerError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace idemgate
