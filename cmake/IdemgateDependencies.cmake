@@ -93,6 +93,13 @@ idemgate_component(console DEBIAN libcpp-httplib-dev NEEDS "cpp-httplib"
 # need nothing more than the core and idemgate::http.
 idemgate_component(beast DEBIAN libboost-dev NEEDS "Boost.Beast (the Boost headers)"
   FIND Boost Boost::headers -)
+# The broker consumers (include/idemgate/consumer/): RabbitMQ over rabbitmq-c, whose Debian
+# package ships a CMake package and a pkg-config module; Redis Streams over hiredis (pkg-config
+# only on Debian 12's 0.14, a CMake package from 1.0 on).
+idemgate_component(amqp DEBIAN librabbitmq-dev NEEDS "rabbitmq-c (librabbitmq)"
+  FIND rabbitmq-c rabbitmq::rabbitmq librabbitmq)
+idemgate_component(redis_streams DEBIAN libhiredis-dev NEEDS "hiredis"
+  FIND hiredis hiredis::hiredis hiredis)
 # The NATS C client: Debian's libnats-dev ships a CMake config that names a static library the
 # package does not contain (loading it is a fatal error), so only its pkg-config module is used.
 idemgate_component(nats DEBIAN libnats-dev NEEDS "the NATS C client (libnats)"

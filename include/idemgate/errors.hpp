@@ -41,13 +41,21 @@ class BusinessWriteError : public StoreError {
   using StoreError::StoreError;
 };
 
-/// Thrown by the NATS JetStream consumer (`consumer/nats.hpp`) when the broker cannot be used:
-/// the server unreachable, JetStream off, a stream or consumer that exists with settings that
-/// cannot be changed. The message says what to do. Errors while settling one message are not
-/// thrown: the message is then redelivered after `AckWait`, and the gate answers it again.
-class NatsError : public std::runtime_error {
+/// Thrown by a broker consumer when its broker cannot be used: unreachable, a login refused, a
+/// declaration refused, a settlement that did not reach it. The consumer's loop reconnects on
+/// its own; what it had not settled is delivered again by the broker.
+class BrokerError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+/// Thrown by the NATS JetStream consumer (`consumer/nats.hpp`) when its server cannot be used:
+/// unreachable, JetStream off, a stream or consumer that exists with settings JetStream will not
+/// change. The message says what to do. Errors while settling one message are not thrown: the
+/// message is then delivered again after `AckWait`, and the gate answers it again.
+class NatsError : public BrokerError {
+ public:
+  using BrokerError::BrokerError;
 };
 
 }  // namespace idemgate

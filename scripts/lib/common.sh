@@ -15,6 +15,7 @@ IDEMGATE_PACKAGES=(
   rabbitmq-server librabbitmq-dev
   chromium chromium-driver python3-selenium
   curl python3-requests libboost-dev
+  redis-server libhiredis-dev
   nats-server libnats-dev
 )
 
@@ -36,7 +37,8 @@ idemgate_ensure_packages() {
   fi
   idemgate_log "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  # Debian's postgresql package would start a system cluster; the tests never use it.
+  # Debian's postgresql, rabbitmq-server and redis-server packages would start system services;
+  # the tests never use them.
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
     chmod +x /usr/sbin/policy-rc.d
@@ -213,7 +215,9 @@ idemgate_stop_pgbouncer() {
 # Starts a throwaway RabbitMQ node on loopback: its own node name, AMQP port, Erlang distribution
 # port and epmd port, and every file (database, logs, cookie) in a temp dir. Never a system
 # service. Sets IDEMGATE_RABBIT_DIR, IDEMGATE_RABBIT_NODE, IDEMGATE_RABBIT_EPMD_PORT and exports
-# IDEMGATE_TEST_AMQP ("127.0.0.1:<port>"), which the RabbitMQ tests and scripts/chaos read.
+# IDEMGATE_TEST_AMQP ("127.0.0.1:<port>"), which the RabbitMQ tests and scripts/chaos read, and
+# IDEMGATE_TEST_AMQP_RESTART: a script that stops the node and starts it again on the same port
+# and files (what was durable comes back), for the tests that restart the broker.
 idemgate_start_rabbitmq() {
   local server=/usr/lib/rabbitmq/bin/rabbitmq-server ctl=/usr/lib/rabbitmq/bin/rabbitmqctl
   if [[ ! -x $server ]]; then
@@ -249,19 +253,29 @@ idemgate_start_rabbitmq() {
     RABBITMQ_ENABLED_PLUGINS_FILE="$IDEMGATE_RABBIT_DIR/enabled_plugins"
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
   )
-  local started=$SECONDS
-  (cd "$IDEMGATE_RABBIT_DIR" && exec setsid env "${IDEMGATE_RABBIT_ENV[@]}" "$server" \
-    >"$IDEMGATE_RABBIT_DIR/server.out" 2>&1 </dev/null) &
-  # await_startup fails at once while the node is not yet registered: ask again until it is.
-  local up=
-  while ((SECONDS - started < 120)); do
-    if env "${IDEMGATE_RABBIT_ENV[@]}" "$ctl" -n "$IDEMGATE_RABBIT_NODE" await_startup \
-      >/dev/null 2>&1; then
-      up=1
-      break
-    fi
-    sleep 1
-  done
+  # The node's start (and, for the restart script, its stop first): the server in its own
+  # session, then await_startup, which fails at once while the node is not yet registered, asked
+  # again until it answers (at most 120 s).
+  {
+    printf '#!/usr/bin/env bash\n# Restarts the throwaway RabbitMQ node of idemgate_start_rabbitmq.\n'
+    printf 'cd %q || exit 1\n' "$IDEMGATE_RABBIT_DIR"
+    printf 'if [[ ${1:-} == --restart ]]; then\n'
+    printf '  env %s timeout 60 %q -n %q stop %q >/dev/null 2>&1 || exit 1\n' \
+      "$(printf '%q ' "${IDEMGATE_RABBIT_ENV[@]}")" "$ctl" "$IDEMGATE_RABBIT_NODE" \
+      "$IDEMGATE_RABBIT_DIR/rabbit.pid"
+    printf 'fi\n'
+    printf '(exec setsid env %s %q >>server.out 2>&1 </dev/null) &\n' \
+      "$(printf '%q ' "${IDEMGATE_RABBIT_ENV[@]}")" "$server"
+    printf 'for _ in $(seq 1 120); do\n'
+    printf '  env %s %q -n %q await_startup >/dev/null 2>&1 && exit 0\n' \
+      "$(printf '%q ' "${IDEMGATE_RABBIT_ENV[@]}")" "$ctl" "$IDEMGATE_RABBIT_NODE"
+    printf '  sleep 1\ndone\nexit 1\n'
+  } >"$IDEMGATE_RABBIT_DIR/start"
+  chmod 700 "$IDEMGATE_RABBIT_DIR/start"
+  printf '#!/bin/sh\nexec %q --restart\n' "$IDEMGATE_RABBIT_DIR/start" >"$IDEMGATE_RABBIT_DIR/restart"
+  chmod 700 "$IDEMGATE_RABBIT_DIR/restart"
+  local started=$SECONDS up=
+  if "$IDEMGATE_RABBIT_DIR/start"; then up=1; fi
   if [[ -z $up ]]; then
     echo "RabbitMQ did not start; its output:" >&2
     cat "$IDEMGATE_RABBIT_DIR/server.out" >&2
@@ -269,6 +283,7 @@ idemgate_start_rabbitmq() {
     return 1
   fi
   export IDEMGATE_TEST_AMQP="127.0.0.1:$port"
+  export IDEMGATE_TEST_AMQP_RESTART="$IDEMGATE_RABBIT_DIR/restart"
   idemgate_log "RabbitMQ on $IDEMGATE_TEST_AMQP (node $IDEMGATE_RABBIT_NODE, started in" \
     "$((SECONDS - started)) s, files in $IDEMGATE_RABBIT_DIR)"
 }
@@ -286,7 +301,91 @@ idemgate_stop_rabbitmq() {
     >/dev/null 2>&1 || true
   rm -rf "$IDEMGATE_RABBIT_DIR"
   IDEMGATE_RABBIT_DIR=
-  unset IDEMGATE_TEST_AMQP
+  unset IDEMGATE_TEST_AMQP IDEMGATE_TEST_AMQP_RESTART
+}
+
+# Starts a throwaway Redis on a free loopback port, every file (config, append-only log, pid,
+# log) in a temp dir. Never a system service. The append-only file is written with
+# `appendfsync always`, so a restart (the tests restart it) loses nothing that was acknowledged.
+# Sets IDEMGATE_REDIS_DIR and exports IDEMGATE_TEST_REDIS ("127.0.0.1:<port>"), which the Redis
+# Streams tests read, and IDEMGATE_TEST_REDIS_RESTART: a script that shuts the server down
+# (SHUTDOWN, after a last fsync) and starts it again on the same port and files.
+idemgate_start_redis() {
+  local server redis_cli
+  server=$(command -v redis-server || true)
+  redis_cli=$(command -v redis-cli || true)
+  if [[ -z $server || -z $redis_cli ]]; then
+    echo "redis-server or redis-cli not found; install 'redis-server'" >&2
+    return 1
+  fi
+  IDEMGATE_REDIS_DIR=$(mktemp -d /tmp/idemgate-redis.XXXXXX)
+  chmod 700 "$IDEMGATE_REDIS_DIR"
+  local try port
+  for try in 1 2 3 4 5; do
+    port=$(idemgate_free_port)
+    cat >"$IDEMGATE_REDIS_DIR/redis.conf" <<CONF
+bind 127.0.0.1
+port $port
+dir $IDEMGATE_REDIS_DIR
+daemonize yes
+pidfile $IDEMGATE_REDIS_DIR/redis.pid
+logfile $IDEMGATE_REDIS_DIR/redis.log
+appendonly yes
+appendfsync always
+save ""
+CONF
+    {
+      printf '#!/bin/sh\n# Restarts the throwaway Redis of idemgate_start_redis.\n'
+      printf '%q -h 127.0.0.1 -p %s shutdown >/dev/null 2>&1\n' "$redis_cli" "$port"
+      printf 'while [ -s %q ] && kill -0 "$(cat %q)" 2>/dev/null; do sleep 0.05; done\n' \
+        "$IDEMGATE_REDIS_DIR/redis.pid" "$IDEMGATE_REDIS_DIR/redis.pid"
+      printf '%q %q || exit 1\n' "$server" "$IDEMGATE_REDIS_DIR/redis.conf"
+      printf 'for _ in $(seq 1 200); do\n'
+      printf '  [ "$(%q -h 127.0.0.1 -p %s ping 2>/dev/null)" = PONG ] && exit 0\n' \
+        "$redis_cli" "$port"
+      printf '  sleep 0.05\ndone\nexit 1\n'
+    } >"$IDEMGATE_REDIS_DIR/restart"
+    chmod 700 "$IDEMGATE_REDIS_DIR/restart"
+    if "$server" "$IDEMGATE_REDIS_DIR/redis.conf" >/dev/null 2>&1; then
+      for _ in $(seq 1 200); do
+        if [[ $("$redis_cli" -h 127.0.0.1 -p "$port" ping 2>/dev/null) == PONG ]]; then
+          export IDEMGATE_TEST_REDIS="127.0.0.1:$port"
+          export IDEMGATE_TEST_REDIS_RESTART="$IDEMGATE_REDIS_DIR/restart"
+          idemgate_log "Redis on $IDEMGATE_TEST_REDIS (files in $IDEMGATE_REDIS_DIR)"
+          return 0
+        fi
+        sleep 0.05
+      done
+    fi
+    idemgate_stop_redis_process
+  done
+  cat "$IDEMGATE_REDIS_DIR/redis.log" >&2 2>/dev/null
+  idemgate_stop_redis
+  return 1
+}
+
+# Ends the server of idemgate_start_redis, if one runs (its pid file's).
+idemgate_stop_redis_process() {
+  local pidfile="$IDEMGATE_REDIS_DIR/redis.pid" pid
+  [[ -s $pidfile ]] || return 0
+  pid=$(cat "$pidfile")
+  if [[ -n $pid ]] && kill "$pid" 2>/dev/null; then
+    for _ in $(seq 1 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+}
+
+# Stops the Redis of idemgate_start_redis and removes its files.
+idemgate_stop_redis() {
+  [[ -n ${IDEMGATE_REDIS_DIR:-} && -d $IDEMGATE_REDIS_DIR ]] || return 0
+  idemgate_stop_redis_process
+  rm -rf "$IDEMGATE_REDIS_DIR"
+  IDEMGATE_REDIS_DIR=
+  unset IDEMGATE_TEST_REDIS IDEMGATE_TEST_REDIS_RESTART
 }
 
 # Starts a throwaway NATS server with JetStream on loopback: its own client port, its JetStream

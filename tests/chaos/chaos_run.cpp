@@ -1,22 +1,25 @@
 // The chaos run: Portbase notifications, about 30 % of them delivered 2 to 6 times, through a
-// real RabbitMQ queue to three consumer processes (examples/rabbitmq_consumer) on a PostgreSQL
+// real RabbitMQ queue (or, with --broker redis, a Redis stream) to three consumer processes
+// (examples/rabbitmq_consumer, examples/redis_streams_consumer) on a PostgreSQL
 // primary with a synchronous standby, while failovers, deploys, a kill and a network partition
 // land in the middle of messages. Then, once the consumers' own reconcilers left nothing in
 // flight, the verdict: one booking per container, one terminal slot per key, nothing in flight,
 // and for each fault the time from the fault to the booking of the last event it stranded, at
 // most --max-recovery-s (15 s by default).
 //
-//   chaos_run [--notifications N] [--short] [--max-wait-s S] [--max-recovery-s S] [--seed N]
-//             [--keep]
+//   chaos_run [--broker amqp|redis] [--notifications N] [--short] [--max-wait-s S]
+//             [--max-recovery-s S] [--seed N] [--keep]
 //
-// Needs IDEMGATE_TEST_AMQP (a RabbitMQ node's host:port; scripts/chaos starts one) and
+// Needs IDEMGATE_TEST_AMQP (a RabbitMQ node's host:port) or, with --broker redis,
+// IDEMGATE_TEST_REDIS (a Redis server's; scripts/chaos starts the one asked for) and
 // IDEMGATE_PG_BIN (the PostgreSQL server binaries). Every library option keeps its default.
 // The last line of output is one JSON object with the figures; the exit status is 0 only when
 // the verdict holds.
 
 #include <ect_delta/slot_api.hpp>
 #include <ect_delta/terminal_server.hpp>
-#include <rabbitmq_consumer/amqp_consumer.hpp>
+#include <idemgate/detail/amqp/channel.hpp>
+#include <idemgate/detail/redis/connection.hpp>
 #include <support/line_process.hpp>
 #include <support/pg_fault_proxy.hpp>
 
@@ -55,6 +58,72 @@ using namespace std::chrono_literals;
 using idemgate::test::LineProcess;
 using Clock = std::chrono::system_clock;
 
+/// The broker side of the run: a RabbitMQ queue or a Redis stream, fed and looked into.
+class Broker {
+ public:
+  Broker(std::string broker, const std::string& address, std::string queue)
+      : broker_(std::move(broker)), queue_(std::move(queue)) {
+    host_ = address.substr(0, address.rfind(':'));
+    port_ = std::stoi(address.substr(address.rfind(':') + 1));
+    if (broker_ == "amqp")
+      amqp().declare_quorum_with_dead_letter(queue_, queue_ + ".dlx", queue_ + ".dead");
+    else
+      redis().create_group(queue_, "slots");
+  }
+  /// The flag that gives the consumers the broker's address.
+  [[nodiscard]] std::string address_flag() const {
+    return broker_ == "amqp" ? "--amqp" : "--redis";
+  }
+  /// Publishes one message (an entry with the field "body").
+  void publish(const std::string& body) {
+    if (broker_ == "amqp")
+      amqp().publish(queue_, body);
+    else
+      redis().add(queue_, {{"body", body}});
+  }
+  /// Messages not yet taken: ready in the queue; unread or pending in the group.
+  [[nodiscard]] std::size_t waiting() {
+    if (broker_ == "amqp") return amqp().ready(queue_);
+    const auto groups = redis().checked({"XINFO", "GROUPS", queue_});
+    for (const auto& g : groups.elements) {
+      long long pending = 0, lag = 0;
+      for (std::size_t i = 0; i + 1 < g.elements.size(); i += 2) {
+        if (g.elements[i].text == "pending") pending = g.elements[i + 1].integer;
+        if (g.elements[i].text == "lag") lag = g.elements[i + 1].integer;
+      }
+      return static_cast<std::size_t>(pending + lag);
+    }
+    return 0;
+  }
+  /// Messages in the dead-letter queue or stream.
+  [[nodiscard]] std::size_t dead_lettered() {
+    if (broker_ == "amqp") return amqp().ready(queue_ + ".dead");
+    return static_cast<std::size_t>(redis().checked({"XLEN", queue_ + ".dead"}).integer);
+  }
+
+ private:
+  idemgate::detail::amqp::Channel& amqp() {
+    if (!amqp_) {
+      idemgate::detail::amqp::Endpoint e;
+      e.host = host_;
+      e.port = port_;
+      amqp_ = std::make_unique<idemgate::detail::amqp::Channel>(e);
+    }
+    return *amqp_;
+  }
+  idemgate::detail::redis::Connection& redis() {
+    if (!redis_)
+      redis_ = std::make_unique<idemgate::detail::redis::Connection>(
+          idemgate::detail::redis::Endpoint{host_, port_}, std::chrono::seconds(10));
+    return *redis_;
+  }
+
+  std::string broker_, queue_, host_;
+  int port_ = 0;
+  std::unique_ptr<idemgate::detail::amqp::Channel> amqp_;
+  std::unique_ptr<idemgate::detail::redis::Connection> redis_;
+};
+
 // ---- arguments ------------------------------------------------------------------------------
 
 struct Options {
@@ -64,15 +133,16 @@ struct Options {
   double max_recovery_s = 15;
   unsigned seed = 1;
   bool keep = false;
-  std::string amqp;
+  std::string broker = "amqp";
+  std::string address;  // the broker's host:port
   std::string pg_bin;
-  std::string consumer = CHAOS_CONSUMER_PATH;
+  std::string consumer;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "chaos_run: " << message
-            << "\nusage: chaos_run [--notifications N] [--short] [--max-wait-s S] "
-               "[--max-recovery-s S] [--seed N] [--keep]\n";
+            << "\nusage: chaos_run [--broker amqp|redis] [--notifications N] [--short] "
+               "[--max-wait-s S] [--max-recovery-s S] [--seed N] [--keep]\n";
   std::exit(2);
 }
 
@@ -91,7 +161,12 @@ Options parse(int argc, char** argv) {
                     std::to_string(most) + ", not \"" + text + '"');
       return n;
     };
-    if (arg == "--notifications") {
+    if (arg == "--broker") {
+      if (i + 1 >= argc) usage_error("--broker needs a value: amqp or redis");
+      o.broker = argv[++i];
+      if (o.broker != "amqp" && o.broker != "redis")
+        usage_error("--broker is amqp or redis, not \"" + o.broker + '"');
+    } else if (arg == "--notifications") {
       o.notifications = static_cast<int>(number(10, 1'000'000));
       notifications_given = true;
     } else if (arg == "--short") {
@@ -114,12 +189,14 @@ Options parse(int argc, char** argv) {
   }
   if (o.short_run && !notifications_given) o.notifications = 60;
   if (o.short_run && !wait_given) o.max_wait = 200s;
-  const char* amqp = std::getenv("IDEMGATE_TEST_AMQP");
-  if (amqp == nullptr || *amqp == '\0')
-    usage_error(
-        "IDEMGATE_TEST_AMQP is not set: start RabbitMQ (scripts/chaos does) and export "
-        "its host:port");
-  o.amqp = amqp;
+  const char* variable = o.broker == "amqp" ? "IDEMGATE_TEST_AMQP" : "IDEMGATE_TEST_REDIS";
+  const char* address = std::getenv(variable);
+  if (address == nullptr || *address == '\0')
+    usage_error(std::string(variable) + " is not set: start " +
+                (o.broker == "amqp" ? "RabbitMQ" : "Redis") +
+                " (scripts/chaos does) and export its host:port");
+  o.address = address;
+  o.consumer = o.broker == "amqp" ? CHAOS_CONSUMER_PATH : CHAOS_REDIS_CONSUMER_PATH;
   const char* bin = std::getenv("IDEMGATE_PG_BIN");
   if (bin == nullptr || *bin == '\0')
     usage_error(
@@ -537,8 +614,7 @@ int run(const Options& o) {
                               "&gssencmode=disable";
 
   const std::string queue = "chaos." + std::to_string(::getpid());
-  amqp_example::Channel channel{amqp_example::Endpoint::parse(o.amqp)};
-  channel.declare_with_dead_letter(queue);
+  Broker channel{o.broker, o.address, queue};
 
   std::vector<Notification> notifications;
   for (int i = 0; i < o.notifications; ++i)
@@ -551,21 +627,31 @@ int run(const Options& o) {
   log(std::to_string(notifications.size()) + " notifications, " + std::to_string(all.size()) +
       " deliveries, queue " + queue + ", files in " + dir);
 
-  Consumers consumers(
-      {o.consumer, "--amqp", o.amqp, "--queue", queue, "--terminal", terminal.base_url(),
-       "--grace-ms", std::to_string(std::chrono::milliseconds(consumer_grace).count())},
-      {relayed, cluster.uri(), cluster.uri()}, dir);
+  std::vector<std::string> consumer_argv{
+      o.consumer,
+      channel.address_flag(),
+      o.address,
+      "--queue",
+      queue,
+      "--terminal",
+      terminal.base_url(),
+      "--grace-ms",
+      std::to_string(std::chrono::milliseconds(consumer_grace).count())};
+  // A Redis entry left by a consumer that died or stopped is claimed after this idle time: the
+  // recovery bound's share of it.
+  if (o.broker == "redis") consumer_argv.insert(consumer_argv.end(), {"--claim-idle-ms", "2000"});
+  Consumers consumers(consumer_argv, {relayed, cluster.uri(), cluster.uri()}, dir);
   for (int slot = 0; slot < 3; ++slot) consumers.start(slot);
 
   // The publisher spreads the deliveries over the fault schedule, so every fault meets traffic.
   const auto window = o.short_run ? 30s : 100s;
   std::atomic<bool> published{false};
   std::thread publisher([&] {
-    amqp_example::Channel out{amqp_example::Endpoint::parse(o.amqp)};
+    Broker out{o.broker, o.address, queue};
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < all.size(); ++i) {
       std::this_thread::sleep_until(start + window * i / all.size());
-      out.publish(queue, message(all[i]));
+      out.publish(message(all[i]));
     }
     published = true;
   });
@@ -678,7 +764,7 @@ int run(const Options& o) {
   const auto deadline = std::chrono::steady_clock::now() + o.max_wait;
   for (int quiet = 0; quiet < 20 && std::chrono::steady_clock::now() < deadline;) {
     consumers.supervise();
-    quiet = channel.ready(queue) == 0 && consumers.idle() ? quiet + 1 : 0;
+    quiet = channel.waiting() == 0 && consumers.idle() ? quiet + 1 : 0;
     std::this_thread::sleep_for(100ms);
   }
 
@@ -730,7 +816,7 @@ int run(const Options& o) {
     keys_with_one_slot += slots == 1;
     most_slots_per_container = std::max(most_slots_per_container, terminal.slots_for(n.container));
   }
-  const auto dead_lettered = channel.ready(amqp_example::dead_letter_queue(queue));
+  const auto dead_lettered = channel.dead_lettered();
 
   bool recovered_all = true;
   double slowest = 0;
@@ -796,7 +882,7 @@ int run(const Options& o) {
        << ",\"deliveries\":" << consumers.count("begin ")
        << ",\"redeliveries\":" << (consumers.count("begin ") - all.size())
        << ",\"store_errors\":" << consumers.count("error ")
-       << ",\"retries\":" << consumers.count("done ", " retry requeue")
+       << ",\"retries\":" << consumers.count("done ", " retry redeliver")
        << ",\"containers_booked_once\":" << booked_once
        << ",\"containers_booked_more_than_once\":" << booked_twice
        << ",\"containers_not_booked\":" << not_booked

@@ -102,6 +102,11 @@ elseif(MODE STREQUAL "package")
   endif()
   message(STATUS "conformance suite over the consumer's TallyStore: ${CMAKE_MATCH_1} tests passed")
 
+  # The broker consumers, from find_package(idemgate COMPONENTS amqp redis_streams).
+  step(${work}/consumer_brokers)
+  expect("${step_output}" "broker consumers: 2 refused, notifications and notifications built"
+    "the installed amqp and redis_streams components")
+
   # A store that ignores the fence on release fails it, and the run says which behaviour broke.
   execute_process(COMMAND ${work}/forgetful_store_conformance
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -166,7 +171,9 @@ endforeach()
     endif()
     execute_process(COMMAND ${CMAKE_COMMAND} -S ${work}/src -B ${work}/build -G ${GENERATOR}
         -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${prefix} "-DWANT=${want}"
-        -DOPTIONAL=${optional} -DCMAKE_DISABLE_FIND_PACKAGE_SQLite3=${hide} -DSIBLINGS=${siblings}
+        -DOPTIONAL=${optional} -DCMAKE_DISABLE_FIND_PACKAGE_SQLite3=${hide}
+        -DCMAKE_DISABLE_FIND_PACKAGE_rabbitmq-c=${hide} -DCMAKE_DISABLE_FIND_PACKAGE_hiredis=${hide}
+        -DSIBLINGS=${siblings}
       RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
     if(expect_rc EQUAL 0 AND NOT rc EQUAL 0 OR NOT expect_rc EQUAL 0 AND rc EQUAL 0)
       message(FATAL_ERROR "find_package(idemgate COMPONENTS ${want}) (dependencies hidden: "
@@ -185,6 +192,13 @@ Debian package libsqlite3-dev" "a required component whose dependency is missing
   configure(1 "postgres" OFF ON)
   expect("${text}" "the component 'postgres' needs libpqxx with libpq, which was not found: \
 install the Debian package libpqxx-dev" "a required component whose dependency is missing")
+  # The broker consumers' client libraries made unfindable.
+  configure(1 "amqp" OFF ON)
+  expect("${text}" "the component 'amqp' needs rabbitmq-c \\(librabbitmq\\), which was not found: \
+install the Debian package librabbitmq-dev" "a required component whose dependency is missing")
+  configure(1 "redis_streams" OFF ON)
+  expect("${text}" "the component 'redis_streams' needs hiredis, which was not found: install the \
+Debian package libhiredis-dev" "a required component whose dependency is missing")
   # libnats made unfindable (Debian 12 offers it through pkg-config only: its CMake config names
   # a static library the package lacks).
   configure(1 "nats" OFF ON)
@@ -200,8 +214,8 @@ found: install the Debian package libnats-dev" "a required component whose depen
   expect("${text}" "there is no component 'sqlight' \\(there are: postgres, sqlite, http, testing, prometheus"
     "an unknown component")
   # Every component, with its dependencies there.
-  configure(0 "postgres;sqlite;http;testing;prometheus;console;beast;nats" OFF OFF)
-  foreach(c postgres sqlite http testing prometheus console beast nats)
+  configure(0 "postgres;sqlite;http;testing;prometheus;console;beast;amqp;redis_streams;nats" OFF OFF)
+  foreach(c postgres sqlite http testing prometheus console beast amqp redis_streams nats)
     expect("${text}" "component ${c}: found in ${work}/src " "the installed component ${c}")
   endforeach()
   # The same from two sibling directories of one project: each gets every component.
