@@ -13,6 +13,8 @@ find_package(PkgConfig QUIET)
 # the Debian <package> to install. FIND takes triples: a CMake package, the imported target it
 # defines, and the pkg-config module of the same dependency ("-" for none). The CMake package
 # is tried first; the pkg-config module is the fallback (and what idemgate-<name>.pc requires).
+# A CMake package "-" (and target "-") means pkg-config only: for a library whose packaged CMake
+# config cannot be loaded.
 set(IDEMGATE_COMPONENTS "")
 macro(idemgate_component name)
   cmake_parse_arguments(_idemgate_c "" "DEBIAN;NEEDS" "FIND" ${ARGN})
@@ -47,10 +49,12 @@ function(idemgate_find_component name out)
     if(NOT module STREQUAL "-")
       list(APPEND modules ${module})
     endif()
-    if(NOT TARGET ${target})
+    if(package STREQUAL "-")
+      set(target "")
+    elseif(NOT TARGET ${target})
       find_package(${package} QUIET)
     endif()
-    if(NOT TARGET ${target} AND NOT module STREQUAL "-" AND PkgConfig_FOUND)
+    if(NOT TARGET "${target}" AND NOT module STREQUAL "-" AND PkgConfig_FOUND)
       string(MAKE_C_IDENTIFIER "IDEMGATE_PC_${module}" prefix)
       string(TOUPPER ${prefix} prefix)
       if(NOT TARGET PkgConfig::${prefix})
@@ -58,7 +62,7 @@ function(idemgate_find_component name out)
       endif()
       set(target PkgConfig::${prefix})
     endif()
-    if(NOT TARGET ${target})
+    if(NOT TARGET "${target}")
       set(${out} "" PARENT_SCOPE)
       set(${out}_PC "${modules}" PARENT_SCOPE)
       return()
@@ -96,3 +100,7 @@ idemgate_component(amqp DEBIAN librabbitmq-dev NEEDS "rabbitmq-c (librabbitmq)"
   FIND rabbitmq-c rabbitmq::rabbitmq librabbitmq)
 idemgate_component(redis_streams DEBIAN libhiredis-dev NEEDS "hiredis"
   FIND hiredis hiredis::hiredis hiredis)
+# The NATS C client: Debian's libnats-dev ships a CMake config that names a static library the
+# package does not contain (loading it is a fatal error), so only its pkg-config module is used.
+idemgate_component(nats DEBIAN libnats-dev NEEDS "the NATS C client (libnats)"
+  FIND - - libnats)

@@ -15,7 +15,8 @@ set(options_structs
   "server/endpoint.hpp:EndpointOptions"
   "server/key_header.hpp:KeyHeaderRules"
   "consumer/amqp.hpp:AmqpOptions"
-  "consumer/redis_streams.hpp:RedisStreamsOptions")
+  "consumer/redis_streams.hpp:RedisStreamsOptions"
+  "consumer/nats.hpp:JetStreamOptions")
 
 file(READ ${SOURCE_DIR}/docs/reference.md reference)
 set(missing "")

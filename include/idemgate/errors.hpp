@@ -49,4 +49,13 @@ class BrokerError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Thrown by the NATS JetStream consumer (`consumer/nats.hpp`) when its server cannot be used:
+/// unreachable, JetStream off, a stream or consumer that exists with settings JetStream will not
+/// change. The message says what to do. Errors while settling one message are not thrown: the
+/// message is then delivered again after `AckWait`, and the gate answers it again.
+class NatsError : public BrokerError {
+ public:
+  using BrokerError::BrokerError;
+};
+
 }  // namespace idemgate

@@ -16,6 +16,7 @@ IDEMGATE_PACKAGES=(
   chromium chromium-driver python3-selenium
   curl python3-requests libboost-dev
   redis-server libhiredis-dev
+  nats-server libnats-dev
 )
 
 idemgate_log() { printf '==> %s\n' "$*" >&2; }
@@ -385,4 +386,76 @@ idemgate_stop_redis() {
   rm -rf "$IDEMGATE_REDIS_DIR"
   IDEMGATE_REDIS_DIR=
   unset IDEMGATE_TEST_REDIS IDEMGATE_TEST_REDIS_RESTART
+}
+
+# Starts a throwaway NATS server with JetStream on loopback: its own client port, its JetStream
+# store and every other file (config, pid file, log) in a temp dir. Never a system service.
+# Sets IDEMGATE_NATS_DIR and exports IDEMGATE_TEST_NATS ("nats://127.0.0.1:<port>") and
+# IDEMGATE_TEST_NATS_CONFIG (its config file, which names its pid file and store: the NATS
+# consumer's tests restart the server from it, its JetStream store kept).
+idemgate_start_nats() {
+  local server
+  server=$(command -v nats-server || echo /usr/bin/nats-server)
+  if [[ ! -x $server ]]; then
+    echo "nats-server not found; install the Debian package nats-server" >&2
+    return 1
+  fi
+  IDEMGATE_NATS_DIR=$(mktemp -d /tmp/idemgate-nats.XXXXXX)
+  chmod 700 "$IDEMGATE_NATS_DIR"
+  local dir=$IDEMGATE_NATS_DIR port try
+  for try in 1 2 3 4 5; do
+    port=$(idemgate_free_port)
+    cat >"$dir/nats.conf" <<CONF
+server_name: idemgate-test
+listen: 127.0.0.1:$port
+pid_file: "$dir/nats.pid"
+log_file: "$dir/nats.log"
+jetstream {
+  store_dir: "$dir/jetstream"
+  max_memory_store: 256MB
+  max_file_store: 2GB
+}
+CONF
+    (cd "$dir" && exec setsid "$server" -c "$dir/nats.conf" >>"$dir/server.out" 2>&1 </dev/null) &
+    for _ in $(seq 1 100); do
+      # Its own process listens (not another one that took the port meanwhile).
+      if [[ -s $dir/nats.pid ]] && kill -0 "$(cat "$dir/nats.pid")" 2>/dev/null &&
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        export IDEMGATE_TEST_NATS="nats://127.0.0.1:$port"
+        export IDEMGATE_TEST_NATS_CONFIG="$dir/nats.conf"
+        idemgate_log "NATS with JetStream on 127.0.0.1:$port (files in $dir)"
+        return 0
+      fi
+      sleep 0.05
+    done
+    idemgate_stop_nats_process
+  done
+  echo "nats-server did not start; its output:" >&2
+  cat "$dir/server.out" "$dir/nats.log" >&2 2>/dev/null
+  idemgate_stop_nats
+  return 1
+}
+
+# Ends the server of idemgate_start_nats, if one runs (its pid file's), and waits for it.
+idemgate_stop_nats_process() {
+  local pidfile="$IDEMGATE_NATS_DIR/nats.pid" pid
+  [[ -f $pidfile ]] || return 0
+  pid=$(cat "$pidfile")
+  if [[ -n $pid ]] && kill "$pid" 2>/dev/null; then
+    for _ in $(seq 1 200); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+}
+
+# Stops the server started by idemgate_start_nats and removes its files.
+idemgate_stop_nats() {
+  [[ -n ${IDEMGATE_NATS_DIR:-} && -d $IDEMGATE_NATS_DIR ]] || return 0
+  idemgate_stop_nats_process
+  rm -rf "$IDEMGATE_NATS_DIR"
+  IDEMGATE_NATS_DIR=
+  unset IDEMGATE_TEST_NATS IDEMGATE_TEST_NATS_CONFIG
 }

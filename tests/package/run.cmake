@@ -91,6 +91,8 @@ elseif(MODE STREQUAL "package")
       "verbatim in a ```cpp block: make them the same")
   endif()
   consumer(package)
+  step(${work}/consumer_nats)
+  expect("${step_output}" "check that nats-server runs" "the installed NATS consumer's error")
 
   # The installed conformance suite over the consumer's own store: every test passes.
   execute_process(COMMAND ${work}/tally_store_conformance
@@ -197,6 +199,11 @@ install the Debian package librabbitmq-dev" "a required component whose dependen
   configure(1 "redis_streams" OFF ON)
   expect("${text}" "the component 'redis_streams' needs hiredis, which was not found: install the \
 Debian package libhiredis-dev" "a required component whose dependency is missing")
+  # libnats made unfindable (Debian 12 offers it through pkg-config only: its CMake config names
+  # a static library the package lacks).
+  configure(1 "nats" OFF ON)
+  expect("${text}" "the component 'nats' needs the NATS C client \\(libnats\\), which was not \
+found: install the Debian package libnats-dev" "a required component whose dependency is missing")
   # As an optional component, the same gap leaves the package found and says what is left out.
   configure(0 "sqlite" ON ON)
   expect("${text}" "optional component left out: the component 'sqlite' needs SQLite 3"
@@ -207,13 +214,13 @@ Debian package libhiredis-dev" "a required component whose dependency is missing
   expect("${text}" "there is no component 'sqlight' \\(there are: postgres, sqlite, http, testing, prometheus"
     "an unknown component")
   # Every component, with its dependencies there.
-  configure(0 "postgres;sqlite;http;testing;prometheus;console;beast;amqp;redis_streams" OFF OFF)
-  foreach(c postgres sqlite http testing prometheus console beast amqp redis_streams)
+  configure(0 "postgres;sqlite;http;testing;prometheus;console;beast;amqp;redis_streams;nats" OFF OFF)
+  foreach(c postgres sqlite http testing prometheus console beast amqp redis_streams nats)
     expect("${text}" "component ${c}: found in ${work}/src " "the installed component ${c}")
   endforeach()
   # The same from two sibling directories of one project: each gets every component.
-  configure(0 "postgres;sqlite;http;testing;prometheus;console;beast" OFF OFF ON)
-  foreach(c postgres sqlite http testing prometheus console beast)
+  configure(0 "postgres;sqlite;http;testing;prometheus;console;beast;nats" OFF OFF ON)
+  foreach(c postgres sqlite http testing prometheus console beast nats)
     expect("${text}" "component ${c}: found in ${work}/src/a .*component ${c}: found in \
 ${work}/src/b" "the component ${c} in both sibling directories")
   endforeach()
