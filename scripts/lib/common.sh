@@ -364,13 +364,14 @@ CONF
   return 1
 }
 
-# Ends the server of idemgate_start_redis, if one runs (its pid file's).
-idemgate_stop_redis_process() {
-  local pidfile="$IDEMGATE_REDIS_DIR/redis.pid" pid
-  [[ -s $pidfile ]] || return 0
+# Ends the process named by PIDFILE, if one runs: SIGTERM, up to SECONDS for it to exit, then
+# SIGKILL; removes the pid file.
+idemgate_stop_pidfile() {
+  local pidfile=$1 seconds=$2 pid
+  [[ -s $pidfile ]] || { rm -f "$pidfile"; return 0; }
   pid=$(cat "$pidfile")
   if [[ -n $pid ]] && kill "$pid" 2>/dev/null; then
-    for _ in $(seq 1 100); do
+    for _ in $(seq 1 $((seconds * 20))); do
       kill -0 "$pid" 2>/dev/null || break
       sleep 0.05
     done
@@ -378,6 +379,9 @@ idemgate_stop_redis_process() {
   fi
   rm -f "$pidfile"
 }
+
+# Ends the server of idemgate_start_redis, if one runs (its pid file's).
+idemgate_stop_redis_process() { idemgate_stop_pidfile "$IDEMGATE_REDIS_DIR/redis.pid" 5; }
 
 # Stops the Redis of idemgate_start_redis and removes its files.
 idemgate_stop_redis() {
@@ -437,19 +441,7 @@ CONF
 }
 
 # Ends the server of idemgate_start_nats, if one runs (its pid file's), and waits for it.
-idemgate_stop_nats_process() {
-  local pidfile="$IDEMGATE_NATS_DIR/nats.pid" pid
-  [[ -f $pidfile ]] || return 0
-  pid=$(cat "$pidfile")
-  if [[ -n $pid ]] && kill "$pid" 2>/dev/null; then
-    for _ in $(seq 1 200); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.05
-    done
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$pidfile"
-}
+idemgate_stop_nats_process() { idemgate_stop_pidfile "$IDEMGATE_NATS_DIR/nats.pid" 10; }
 
 # Stops the server started by idemgate_start_nats and removes its files.
 idemgate_stop_nats() {
