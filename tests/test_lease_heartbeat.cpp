@@ -383,6 +383,54 @@ TEST(GateStop, StopGracefullyStopsTheReconcilerAndTheGate) {
   EXPECT_EQ(gate.process(key, msku).status(), Status::retry);
 }
 
+TEST(GateStop, StopGracefullyReturnsWithinTheGraceWhileAReconcilerRowWaitsOnTheDownstream) {
+  MemoryStore store;
+  FakeTerminal<> terminal;
+  MemoryBookings bookings;
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 1ms}};
+  const SlotRequest r{"MSKU7000001", "w"};
+  const Key stranded = idemgate::derive_key("stranded", r.container);
+  const std::string bytes = gate.encode_request(r);
+  (void)gate.store().reserve(stranded, idemgate::detail::sha256(bytes), bytes, 1ms);
+  std::this_thread::sleep_for(5ms);  // its lease has run out: a stranded row
+  // The reconciler's claim hangs on the downstream until the test lets it go.
+  std::promise<void> in_row;
+  std::promise<void> let_go;
+  auto released = let_go.get_future().share();
+  std::atomic<bool> answered{false};
+  terminal.before = [&](const SlotRequest&, const Key&) {
+    if (terminal.calls() == 1) {
+      in_row.set_value();
+      released.wait();
+      answered = true;
+    }
+    return std::optional<idemgate::ClaimResult<std::string>>();
+  };
+  Reconciler reconciler{gate, {.interval = 1h, .stale_after = 0ms}};
+  reconciler.start();
+  in_row.get_future().wait();
+  auto stopping = std::async(std::launch::async,
+                             [&] { return idemgate::stop_gracefully(100ms, gate, reconciler); });
+  // Bounded only so that a broken stop fails instead of hanging the suite.
+  const bool returned = stopping.wait_for(20s) == std::future_status::ready;
+  const bool downstream_still_hung = !answered.load();
+  // The row's lease was given back: a redelivery elsewhere takes the event over at once.
+  FakeTerminal<> other_terminal;
+  Gate other{"ect.claim_slot", store, other_terminal, bookings.writer()};
+  const auto redelivered = other.process(stranded, r);
+  let_go.set_value();
+  ASSERT_TRUE(returned) << "stop_gracefully waited for the reconciler's downstream";
+  const auto report = stopping.get();
+  EXPECT_TRUE(downstream_still_hung);
+  EXPECT_EQ(report.workers_unfinished, 1u);
+  EXPECT_FALSE(report.clean()) << "a worker still in a pass is not a clean stop";
+  EXPECT_EQ(redelivered.status(), Status::processed);
+  EXPECT_TRUE(redelivered.took_over());
+  reconciler.stop();  // the row in progress ends; its commit is fenced out
+  EXPECT_EQ(reconciler.total_report().lost, 1u);
+  EXPECT_EQ(bookings.size(), 1u);
+}
+
 TEST(StopSignal, ASigtermSetsTheFlagAndWakesTheWaiterWithoutKillingTheProcess) {
   idemgate::StopSignal sigterm;
   EXPECT_FALSE(sigterm.requested());

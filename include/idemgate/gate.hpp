@@ -113,8 +113,11 @@ struct StopReport {
   std::size_t given_back = 0;
   /// Leases that could not be given back (the store failed): they run out after the lease.
   std::size_t not_given_back = 0;
-  /// True when every call finished within the grace period.
-  [[nodiscard]] bool clean() const noexcept { return unfinished == 0; }
+  /// Background workers (`stop_gracefully`'s reconciler, retention) still in a pass when the
+  /// grace period ended: each finishes its pass on its own thread; its destructor waits for it.
+  std::size_t workers_unfinished = 0;
+  /// True when every call and every background worker finished within the grace period.
+  [[nodiscard]] bool clean() const noexcept { return unfinished == 0 && workers_unfinished == 0; }
 };
 
 /// The default business write's type: a callable taking the store's transaction, the request and

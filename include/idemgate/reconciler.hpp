@@ -159,6 +159,24 @@ class Reconciler {
     stopping_.store(false);  // a `run_once` called afterwards is a whole pass again
   }
 
+  /// Asks the background loop to stop as `stop()` does, and returns at once.
+  void request_stop() {
+    stopping_.store(true);
+    worker_.request_stop();
+  }
+
+  /// Stops the background loop as `stop()` does, waiting for the row in progress only up to
+  /// `deadline`: true when the loop ended, false when that row still runs then (its downstream
+  /// is slow). The row then finishes on its own, fenced: once its lease was given back (the
+  /// gate's `stop` does that), its commit cannot land over a takeover. `stop()` or the
+  /// destructor waits for it.
+  bool stop_until(std::chrono::steady_clock::time_point deadline) {
+    stopping_.store(true);
+    if (!worker_.stop_until(deadline)) return false;
+    stopping_.store(false);
+    return true;
+  }
+
   /// The report of the background loop's latest pass (zeros after a pass that found nothing).
   [[nodiscard]] ReconcileReport last_report() const {
     std::lock_guard lock(report_mutex_);

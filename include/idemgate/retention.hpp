@@ -73,6 +73,15 @@ class Retention {
   /// Stops the background loop and waits for the current purge to end.
   void stop() { worker_.stop(); }
 
+  /// Asks the background loop to stop after the current purge; returns at once.
+  void request_stop() { worker_.request_stop(); }
+
+  /// Stops the background loop, waiting for the current purge up to `deadline`: true when it
+  /// ended, false when it still runs then (`stop()` or the destructor waits for it).
+  bool stop_until(std::chrono::steady_clock::time_point deadline) {
+    return worker_.stop_until(deadline);
+  }
+
   /// Rows the background loop deleted so far.
   [[nodiscard]] std::size_t purged() const noexcept { return purged_.load(); }
 

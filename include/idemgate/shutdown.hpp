@@ -22,6 +22,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace idemgate {
@@ -148,12 +149,24 @@ class StopSignal {
   int write_ = -1;
 };
 
+/// A background worker whose stop can be asked for at once and waited for up to a deadline
+/// (`Reconciler`, `Retention`).
+template <class Worker>
+concept bounded_stop_worker = requires(Worker& w, std::chrono::steady_clock::time_point deadline) {
+  w.request_stop();
+  { w.stop_until(deadline) } -> std::convertible_to<bool>;
+};
+
 /**
- * Stops a consumer's parts in order, for a graceful shutdown: the gate first stops taking new work
- * (`process` answers `retry`), the background workers (`Reconciler`, `Retention`: anything with
- * `stop()`) end their current pass — a reconciler gives back the rows it has not reached — and
- * the calls in progress get what is left of `grace` to finish; the leases of those still running
- * are then given back, so a redelivery takes their events over at once. Returns the gate's report.
+ * Stops a consumer's parts in order, for a graceful shutdown, within `grace`: the gate first stops
+ * taking new work (`process` answers `retry`), the background workers (`Reconciler`, `Retention`:
+ * anything with `stop()`) are asked to end their current pass — a reconciler gives back the rows
+ * it has not reached — and the calls in progress get what is left of `grace` to finish; the
+ * leases of those still running, the reconciler's row in progress among them, are then given
+ * back, so a redelivery takes their events over at once. Returns the gate's report, with the
+ * workers still in a pass when `grace` ran out in `StopReport::workers_unfinished`: a slow
+ * downstream under a reconciler's row cannot hold the stop past `grace`. A worker with only
+ * `stop()` is stopped first and waited for without bound.
  *
  * Example:
  *   auto report = idemgate::stop_gracefully(std::chrono::seconds(20), gate, reconciler, retention);
@@ -168,10 +181,23 @@ StopReport stop_gracefully(std::chrono::milliseconds grace, GateType& gate,
                            Workers&... background) {
   const auto deadline = detail::saturating_add(std::chrono::steady_clock::now(), grace);
   gate.begin_stop();
-  (background.stop(), ...);
+  auto ask = [](auto& worker) {
+    if constexpr (bounded_stop_worker<std::remove_cvref_t<decltype(worker)>>)
+      worker.request_stop();
+    else
+      worker.stop();
+  };
+  (ask(background), ...);
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
-  return gate.stop(std::max(left, std::chrono::milliseconds(0)));
+  StopReport report = gate.stop(std::max(left, std::chrono::milliseconds(0)));
+  auto wait = [&](auto& worker) {
+    if constexpr (bounded_stop_worker<std::remove_cvref_t<decltype(worker)>>) {
+      if (!worker.stop_until(deadline)) ++report.workers_unfinished;
+    }
+  };
+  (wait(background), ...);
+  return report;
 }
 
 }  // namespace idemgate
