@@ -91,13 +91,18 @@ class Broker {
       : connection_(natsd::connect(url, "idemgate test", 100ms, 30s)),
         js_(natsd::jetstream(connection_.get(), 5s)) {}
 
-  /// Publishes `data` to `subject` and waits for the stream to store it.
+  /// Publishes `data` to `subject` and waits for the stream to store it. A publish retried after
+  /// an unanswered attempt carries the same Nats-Msg-Id, so the stream stores it once.
   void publish(const std::string& subject, const std::string& data) {
+    const std::string id = subject + "#" + std::to_string(++published_);
+    jsPubOptions options;
+    jsPubOptions_Init(&options);
+    options.MsgId = id.c_str();
     for (int attempt = 0;; ++attempt) {
       jsPubAck* ack = nullptr;
       jsErrCode code = static_cast<jsErrCode>(0);
       const natsStatus s = js_Publish(&ack, js_.get(), subject.c_str(), data.data(),
-                                      static_cast<int>(data.size()), nullptr, &code);
+                                      static_cast<int>(data.size()), &options, &code);
       jsPubAck_Destroy(ack);
       if (s == NATS_OK) return;
       ASSERT_LT(attempt, 50) << "publishing to " << subject << ": " << natsd::describe(s, code);
@@ -186,6 +191,7 @@ class Broker {
  private:
   natsd::Connection connection_;
   natsd::Context js_;
+  std::uint64_t published_ = 0;
 };
 
 /// Waits up to `timeout` for `done`; true when it came.
@@ -399,10 +405,20 @@ TEST_F(NatsJetStream, RetryAtThePoisonLimitIsDeadLetteredNotRequeuedForever) {
   JetStreamConsumer consumer{gate, options, decode};
   consumer.declare();
   publish("N1", "MSKU1");
+  const auto seen = [&] {
+    const auto stats = consumer.stats();
+    return "terminal calls " + std::to_string(terminal.calls()) + ", messages " +
+           std::to_string(stats.messages) + ", acked " + std::to_string(stats.acked) +
+           ", redelivered " + std::to_string(stats.redelivered) + ", dead-lettered " +
+           std::to_string(stats.dead_lettered) + ", broker errors " +
+           std::to_string(stats.broker_errors);
+  };
   ASSERT_TRUE(poll_until(
-      consumer, [&] { return consumer.stats().dead_lettered == 1; }, 15s));
-  EXPECT_EQ(terminal.calls(), 3) << "poison.max_deliveries deliveries, then the dead letter";
-  EXPECT_EQ(consumer.stats().redelivered, 2u);
+      consumer, [&] { return consumer.stats().dead_lettered == 1; }, 15s))
+      << seen();
+  EXPECT_EQ(terminal.calls(), 3) << "poison.max_deliveries deliveries, then the dead letter; "
+                                 << seen();
+  EXPECT_EQ(consumer.stats().redelivered, 2u) << seen();
   // Nothing comes back.
   for (int i = 0; i < 4; ++i) consumer.poll_once();
   EXPECT_EQ(terminal.calls(), 3);

@@ -181,7 +181,7 @@ StopReport stop_gracefully(std::chrono::milliseconds grace, GateType& gate,
                            Workers&... background) {
   const auto deadline = detail::saturating_add(std::chrono::steady_clock::now(), grace);
   gate.begin_stop();
-  auto ask = [](auto& worker) {
+  [[maybe_unused]] auto ask = [](auto& worker) {
     if constexpr (bounded_stop_worker<std::remove_cvref_t<decltype(worker)>>)
       worker.request_stop();
     else
@@ -191,7 +191,7 @@ StopReport stop_gracefully(std::chrono::milliseconds grace, GateType& gate,
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
   StopReport report = gate.stop(std::max(left, std::chrono::milliseconds(0)));
-  auto wait = [&](auto& worker) {
+  [[maybe_unused]] auto wait = [&](auto& worker) {
     if constexpr (bounded_stop_worker<std::remove_cvref_t<decltype(worker)>>) {
       if (!worker.stop_until(deadline)) ++report.workers_unfinished;
     }

@@ -713,7 +713,10 @@ int run(const Options& o) {
     log(std::string("deploy of consumer ") + std::to_string(slot) +
         (!exited       ? " did not exit within the grace: SIGKILL"
          : handed_back ? " requeued its unfinished message at the end of its own grace"
-                       : " drained within the grace") +
+         : o.broker == "redis" && slow
+             ? " exited at the end of its own grace (its unfinished entry stays "
+               "pending for another consumer's claim)"
+             : " drained within the grace") +
         " (" + std::to_string(f.stranded.size()) + " message(s) in hand)");
     consumers.start(slot);
     faults.push_back(std::move(f));
