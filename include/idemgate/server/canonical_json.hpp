@@ -2,6 +2,8 @@
 // A JSON text's canonical form: what a request means, not how it was serialised.
 #pragma once
 
+#include "../detail/json_string.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -59,11 +61,7 @@ class JsonCanonicalizer {
     return false;
   }
 
-  void skip_space() {
-    while (at_ < in_.size() &&
-           (in_[at_] == ' ' || in_[at_] == '\t' || in_[at_] == '\n' || in_[at_] == '\r'))
-      ++at_;
-  }
+  void skip_space() { idemgate::detail::json::skip_space(in_, at_); }
 
   bool literal(std::string_view word, std::string& out) {
     if (in_.substr(at_, word.size()) != word) return fail("not a JSON value");
@@ -206,104 +204,12 @@ class JsonCanonicalizer {
     return true;
   }
 
-  static int hex_value(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  }
-
-  bool hex4(std::uint32_t& unit) {
-    if (at_ + 4 > in_.size()) return fail("a \\u escape is cut short");
-    unit = 0;
-    for (int i = 0; i < 4; ++i) {
-      const int v = hex_value(in_[at_ + static_cast<std::size_t>(i)]);
-      if (v < 0) return fail("a \\u escape needs four hex digits");
-      unit = unit * 16 + static_cast<std::uint32_t>(v);
-    }
-    at_ += 4;
-    return true;
-  }
-
-  static void append_utf8(std::uint32_t cp, std::string& out) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
   // Decodes a string (escapes resolved) into `out`; the canonical form is written from that.
+  // Bytes that are not UTF-8 pass through as they are: they still fingerprint the same.
   bool string(std::string& out) {
-    ++at_;
-    for (;;) {
-      if (at_ >= in_.size()) return fail("a string is not closed");
-      const auto c = static_cast<unsigned char>(in_[at_]);
-      if (c == '"') {
-        ++at_;
-        return true;
-      }
-      if (c < 0x20) return fail("a control character inside a string must be escaped");
-      if (c != '\\') {
-        out += static_cast<char>(c);
-        ++at_;
-        continue;
-      }
-      ++at_;
-      if (at_ >= in_.size()) return fail("an escape is cut short");
-      const char e = in_[at_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          out += e;
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          std::uint32_t unit = 0;
-          if (!hex4(unit)) return false;
-          if (unit >= 0xD800 && unit <= 0xDBFF) {
-            std::uint32_t low = 0;
-            if (in_.substr(at_, 2) != "\\u") return fail("a lone high surrogate");
-            at_ += 2;
-            if (!hex4(low)) return false;
-            if (low < 0xDC00 || low > 0xDFFF) return fail("a lone high surrogate");
-            unit = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
-          } else if (unit >= 0xDC00 && unit <= 0xDFFF) {
-            return fail("a lone low surrogate");
-          }
-          append_utf8(unit, out);
-          break;
-        }
-        default:
-          --at_;
-          return fail("an unknown escape");
-      }
-    }
+    const std::string_view wrong =
+        idemgate::detail::json::read_string(in_, at_, out, idemgate::detail::json::RawBytes::any);
+    return wrong.empty() || fail(std::string(wrong));
   }
 
   // The shortest escaping: '"', '\\' and control characters only (as RFC 8785 writes strings).

@@ -2,6 +2,7 @@
 // What the SQL stores share about the log's shape: its columns, and how a row becomes a Record.
 #pragma once
 
+#include "../detail/json_string.hpp"
 #include "../errors.hpp"
 #include "../gate_name.hpp"
 #include "../key.hpp"
@@ -186,105 +187,26 @@ class HistoryParser {
     const std::size_t start = at_;
     while (at_ < text_.size() && text_[at_] >= '0' && text_[at_] <= '9')
       value = value * 10 + (text_[at_++] - '0');
-    if (at_ == start) fail("a number");
+    if (at_ == start) fail("a number is expected");
     // A number stored as a float (1.0e6): its integral part is kept.
     while (at_ < text_.size() && std::strchr(".eE+-0123456789", text_[at_]) != nullptr) ++at_;
     return negative ? -value : value;
   }
 
   std::string string() {
-    expect('"');
+    space();
     std::string out;
-    while (at_ < text_.size() && text_[at_] != '"') {
-      char c = text_[at_++];
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
-      }
-      if (at_ >= text_.size()) fail("an escape");
-      c = text_[at_++];
-      switch (c) {
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'u':
-          utf8(out, code_point());
-          break;
-        default:
-          out.push_back(c);
-          break;
-      }
-    }
-    expect('"');
+    // The store wrote it: bytes that are not UTF-8 (an exception's message) pass through.
+    const std::string_view wrong = json::read_string(text_, at_, out, json::RawBytes::any);
+    if (!wrong.empty()) fail(wrong);
     return out;
   }
 
-  std::uint32_t hex4() {
-    if (at_ + 4 > text_.size()) fail("four hex digits");
-    std::uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = text_[at_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9')
-        v |= static_cast<std::uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        v |= static_cast<std::uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        v |= static_cast<std::uint32_t>(c - 'A' + 10);
-      else
-        fail("a hex digit");
-    }
-    return v;
-  }
-
-  std::uint32_t code_point() {
-    std::uint32_t cp = hex4();
-    if (cp >= 0xD800 && cp < 0xDC00 && at_ + 6 <= text_.size() && text_[at_] == '\\' &&
-        text_[at_ + 1] == 'u') {
-      at_ += 2;
-      const std::uint32_t low = hex4();
-      cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-    }
-    return cp;
-  }
-
-  static void utf8(std::string& out, std::uint32_t cp) {
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-
   void word(std::string_view w) {
-    if (text_.substr(at_, w.size()) != w) fail(std::string(w).c_str());
+    if (text_.substr(at_, w.size()) != w) fail("'" + std::string(w) + "' is expected");
     at_ += w.size();
   }
-  void space() {
-    while (at_ < text_.size() && std::strchr(" \t\r\n", text_[at_]) != nullptr) ++at_;
-  }
+  void space() { json::skip_space(text_, at_); }
   bool at_end() const { return at_ >= text_.size(); }
   char peek() {
     space();
@@ -296,11 +218,11 @@ class HistoryParser {
     return true;
   }
   void expect(char c) {
-    if (!take(c)) fail(std::string(1, c).c_str());
+    if (!take(c)) fail("'" + std::string(1, c) + "' is expected");
   }
-  [[noreturn]] void fail(const char* wanted) const {
-    throw StoreError("idemgate: a row's history is not the JSON the store writes (expected " +
-                     std::string(wanted) + " at offset " + std::to_string(at_) +
+  [[noreturn]] void fail(std::string_view what) const {
+    throw StoreError("idemgate: a row's history is not the JSON the store writes (" +
+                     std::string(what) + " at offset " + std::to_string(at_) +
                      "); was the history column written by another program?");
   }
 

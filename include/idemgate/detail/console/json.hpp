@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // The console's JSON: writing strings, numbers and times, and reading the flat objects its
-// requests carry. Includes nothing of idemgate.
+// requests carry.
 #pragma once
+
+#include "../json_string.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -21,35 +23,7 @@ class JsonError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-/// The length of the valid UTF-8 sequence at `text[at]`, or 0 when none starts there.
-[[nodiscard]] inline std::size_t utf8_sequence(std::string_view text, std::size_t at) noexcept {
-  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
-  const unsigned char lead = byte(at);
-  if (lead < 0x80) return 1;
-  std::size_t length = 0;
-  std::uint32_t code = 0;
-  if ((lead & 0xE0) == 0xC0) {
-    length = 2;
-    code = lead & 0x1Fu;
-  } else if ((lead & 0xF0) == 0xE0) {
-    length = 3;
-    code = lead & 0x0Fu;
-  } else if ((lead & 0xF8) == 0xF0) {
-    length = 4;
-    code = lead & 0x07u;
-  } else {
-    return 0;
-  }
-  if (at + length > text.size()) return 0;
-  for (std::size_t i = 1; i < length; ++i) {
-    if ((byte(at + i) & 0xC0) != 0x80) return 0;
-    code = (code << 6) | (byte(at + i) & 0x3Fu);
-  }
-  // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-  static constexpr std::uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (code < least[length] || (code >= 0xD800 && code <= 0xDFFF) || code > 0x10FFFF) return 0;
-  return length;
-}
+using json::utf8_sequence;
 
 /// Whether `text` is valid UTF-8.
 [[nodiscard]] inline bool is_utf8(std::string_view text) noexcept {
@@ -135,114 +109,12 @@ inline void append_string(std::string& out, std::string_view text) {
 
 namespace json_parse {
 
-inline void skip_space(std::string_view text, std::size_t& at) {
-  while (at < text.size() &&
-         (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r'))
-    ++at;
-}
-
-inline void append_utf8(std::string& out, std::uint32_t code) {
-  if (code < 0x80) {
-    out += static_cast<char>(code);
-  } else if (code < 0x800) {
-    out += static_cast<char>(0xC0 | (code >> 6));
-    out += static_cast<char>(0x80 | (code & 0x3F));
-  } else if (code < 0x10000) {
-    out += static_cast<char>(0xE0 | (code >> 12));
-    out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (code >> 18));
-    out += static_cast<char>(0x80 | ((code >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code & 0x3F));
-  }
-}
-
-inline std::uint32_t hex4(std::string_view text, std::size_t& at) {
-  if (at + 4 > text.size()) throw JsonError("a \\u escape ends early");
-  std::uint32_t code = 0;
-  for (int i = 0; i < 4; ++i) {
-    const char c = text[at++];
-    code <<= 4;
-    if (c >= '0' && c <= '9')
-      code |= static_cast<std::uint32_t>(c - '0');
-    else if (c >= 'a' && c <= 'f')
-      code |= static_cast<std::uint32_t>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F')
-      code |= static_cast<std::uint32_t>(c - 'A' + 10);
-    else
-      throw JsonError("a \\u escape holds a character that is not a hex digit");
-  }
-  return code;
-}
-
+// The string token at `at`; throws `JsonError` saying what is wrong with it.
 inline std::string string(std::string_view text, std::size_t& at) {
-  if (at >= text.size() || text[at] != '"') throw JsonError("expected a string");
-  ++at;
   std::string out;
-  while (true) {
-    if (at >= text.size()) throw JsonError("a string is not closed");
-    const char c = text[at];
-    if (c == '"') {
-      ++at;
-      return out;
-    }
-    if (static_cast<unsigned char>(c) < 0x20)
-      throw JsonError("a string holds a control character; escape it");
-    if (c != '\\') {
-      const std::size_t n = utf8_sequence(text, at);
-      if (n == 0) throw JsonError("a string is not UTF-8");
-      out.append(text.substr(at, n));
-      at += n;
-      continue;
-    }
-    if (++at >= text.size()) throw JsonError("an escape ends early");
-    switch (text[at++]) {
-      case '"':
-        out += '"';
-        break;
-      case '\\':
-        out += '\\';
-        break;
-      case '/':
-        out += '/';
-        break;
-      case 'b':
-        out += '\b';
-        break;
-      case 'f':
-        out += '\f';
-        break;
-      case 'n':
-        out += '\n';
-        break;
-      case 'r':
-        out += '\r';
-        break;
-      case 't':
-        out += '\t';
-        break;
-      case 'u': {
-        std::uint32_t code = hex4(text, at);
-        if (code >= 0xD800 && code <= 0xDBFF) {
-          if (at + 2 > text.size() || text[at] != '\\' || text[at + 1] != 'u')
-            throw JsonError("a \\u escape holds half a surrogate pair");
-          at += 2;
-          const std::uint32_t low = hex4(text, at);
-          if (low < 0xDC00 || low > 0xDFFF)
-            throw JsonError("a \\u escape holds half a surrogate pair");
-          code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-        } else if (code >= 0xDC00 && code <= 0xDFFF) {
-          throw JsonError("a \\u escape holds half a surrogate pair");
-        }
-        append_utf8(out, code);
-        break;
-      }
-      default:
-        throw JsonError("a string holds an unknown escape");
-    }
-  }
+  const std::string_view wrong = json::read_string(text, at, out);
+  if (!wrong.empty()) throw JsonError(std::string(wrong));
+  return out;
 }
 
 }  // namespace json_parse
@@ -253,7 +125,8 @@ inline std::string string(std::string_view text, std::size_t& at) {
  * trailing text).
  */
 [[nodiscard]] inline std::map<std::string, std::string> parse_flat_object(std::string_view text) {
-  using namespace json_parse;
+  using json::skip_space;
+  using json_parse::string;
   std::map<std::string, std::string> members;
   std::size_t at = 0;
   skip_space(text, at);
