@@ -193,6 +193,22 @@ TEST_F(ReconcilerTest, LookupThatKeepsFailingIsEscalatedWithItsReasonAfterMaxAtt
   EXPECT_EQ(bookings.size(), 0u);
 }
 
+TEST_F(ReconcilerTest, AReasonCountsOneAttemptInTheSingular) {
+  FakeTerminal<false> keyless;
+  auto gate = gate_over(keyless);
+  strand(gate, key, msku, 500ms);
+  keyless.lookup_down = true;
+  Reconciler reconciler{gate,
+                        {.interval = 10ms, .stale_after = 0ms, .batch = 10, .max_attempts = 1}};
+  for (int pass = 0; pass < 10 && store.find(key)->status == RecordStatus::in_flight; ++pass) {
+    clock.advance(1s);
+    (void)reconciler.run_once();
+  }
+  const auto row = store.find(key);
+  EXPECT_EQ(row->status, RecordStatus::escalated);
+  EXPECT_NE(row->reason.find("gave up after 1 attempt ("), std::string::npos) << row->reason;
+}
+
 TEST_F(ReconcilerTest, PoisonRowIsEscalatedWithTheLastErrorInsteadOfRetakenForever) {
   int writes = 0;
   Gate gate{"ect.claim_slot",

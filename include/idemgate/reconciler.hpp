@@ -254,8 +254,10 @@ class Reconciler {
 
   void finish(const Stranded& row, ReconcileReport& report) {
     if (row.attempts > static_cast<std::int64_t>(options_.max_attempts)) {
-      std::string reason = "gave up after " + std::to_string(row.attempts - 1) +
-                           " attempts (ReconcilerOptions::max_attempts); the last one said: " +
+      const std::int64_t made = row.attempts - 1;
+      std::string reason = "gave up after " + std::to_string(made) +
+                           (made == 1 ? " attempt" : " attempts") +
+                           " (ReconcilerOptions::max_attempts); the last one said: " +
                            (row.last_error.empty() ? std::string("nothing") : row.last_error);
       if (park(row, reason, report)) ++report.given_up;
       return;
