@@ -10,7 +10,8 @@
 //   gate/batch10_W     gate.process_batch over 10 consecutive deliveries at a time
 //   gate/race          16 threads deliver one new event at once (its side effects must be 1)
 // Metrics per mode: events_per_s (deliveries, duplicates included, over the wall time of the
-// timed round), deliveries, distinct, side_effects, business_rows, and the answers by status.
+// timed round), deliveries, distinct, side_effects, business_rows, and the answers by status;
+// gate/process: cpu_s of this process over all its deliveries (warm-up and race included).
 //
 // Flags: --pg=URI (required), --events=N deliveries per mode (default 2000), --warm-up-events=N
 // per mode in the warm-up round (default 1000), --duplicate-percent=N (default 3),
@@ -21,6 +22,8 @@
 #include <idemgate/batch.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/store/postgres.hpp>
+
+#include <sys/resource.h>
 
 #include <atomic>
 #include <barrier>
@@ -309,6 +312,15 @@ int main(int argc, char** argv) {
     round(modes, settings.warm_up_events, "warm", false);
     round(modes, settings.events, "timed", true);
     race("timed");
+    // This process's CPU over every delivery it made (scripts/bench sets it beside the server's).
+    rusage usage{};
+    ::getrusage(RUSAGE_SELF, &usage);
+    const auto seconds = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+    };
+    print("gate/process", "cpu_s", seconds(usage.ru_utime) + seconds(usage.ru_stime));
+    print("gate/process", "deliveries",
+          static_cast<double>(modes.size() * (settings.warm_up_events + settings.events) + 16));
   } catch (const std::exception& e) {
     std::cerr << "peers_gate: " << e.what() << '\n';
     return 1;

@@ -10,6 +10,7 @@
 //   peer/batch10_W   10 deliveries at a time as one SQS-shaped event, through BatchProcessor
 //                    and processPartialResponse, whose record handler is wrapped by makeIdempotent
 //   peer/race        16 calls of one new event at once (its side effects must be 1)
+// and peer/process: cpu_s of this process over all its deliveries (warm-up and race included).
 // A Lambda context is passed to every call: makeIdempotent registers it, and the in-progress
 // record then carries an expiry; without one, a concurrent duplicate would run the handler again.
 //
@@ -247,6 +248,10 @@ try {
   await round(warmUpEvents, 'warm', false);
   await round(events, 'timed', true);
   await race('timed');
+  // This process's CPU over every delivery it made (scripts/bench sets it beside the server's).
+  const { user, system } = process.cpuUsage();
+  print('peer/process', 'cpu_s', (user + system) / 1e6);
+  print('peer/process', 'deliveries', modes.length * (warmUpEvents + events) + 16);
 } finally {
   await client.quit();
 }

@@ -64,10 +64,29 @@ peers_sql() {
   "$IDEMGATE_PG_BIN/psql" -q -X -v ON_ERROR_STOP=1 "$@" "$IDEMGATE_TEST_PG"
 }
 
+# CPU seconds a server has used so far: its own, its live children's, and its exited children's
+# (PostgreSQL's backends are the postmaster's children, reaped by it).
+peers_server_cpu() { # pid
+  local pid=$1 child ticks
+  ticks=$(awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pid/stat")
+  for child in $(ps -o pid= --ppid "$pid"); do
+    ticks=$((ticks + $(awk '{ print $14 + $15 }' "/proc/$child/stat" 2>/dev/null || echo 0)))
+  done
+  awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f\n", t / hz }'
+}
+
 # Runs one side's round; its lines go to all.tsv with the round prefixed.
 peers_side() { # round side
   local round=$1 side=$2 out="$results/$2-$1"
   local counts=(--events="$peer_events" --warm-up-events="$peer_warm_up" --tag="r$round")
+  # Its server's CPU over the whole process (warm-up round, timed round and race).
+  local server server_before
+  if [[ $side == gate ]]; then
+    server=$(head -n1 "$IDEMGATE_PG_DIR/data/postmaster.pid")
+  else
+    server=$(cat "$IDEMGATE_REDIS_DIR/redis.pid")
+  fi
+  server_before=$(peers_server_cpu "$server")
   if [[ $side == gate ]]; then
     "$build_dir/bench/peers_gate" --pg="$IDEMGATE_TEST_PG" "${counts[@]}" >"$out.tsv" 2>"$out.log" ||
       { cat "$out.log" >&2; return 1; }
@@ -77,6 +96,9 @@ peers_side() { # round side
   fi
   # A side effect missing or repeated is printed by the driver; it shows in the counts too.
   [[ ! -s $out.log ]] || sed "s/^/  $side round $round: /" "$out.log" >&2
+  printf '%s/server\tcpu_s\t%s\n' "$side" \
+    "$(awk -v a="$server_before" -v b="$(peers_server_cpu "$server")" 'BEGIN { print b - a }')" \
+    >>"$out.tsv"
   awk -v round="$round" '{ print round "\t" $0 }' "$out.tsv" >>"$results/all.tsv"
 }
 
@@ -133,6 +155,8 @@ peers_report() { # all.tsv note
     $3 == "events_per_s" { rate[$2] = rate[$2] " " $4; at[$2, $1] = $4 }
     $3 == "side_effects" && $2 !~ /race/ { effects[side($2)] += $4 }
     $3 == "distinct" { distinct[side($2)] += $4 }
+    $3 == "cpu_s" { cpu[$2, $1] = $4 }
+    $2 ~ /process$/ && $3 == "deliveries" { all[side($2), $1] = $4 }
     $3 == "business_rows" && $2 !~ /race/ { rows += $4 }
     $3 == "side_effects" && $2 ~ /race/ { race[side($2)] = race[side($2)] " " $4; if ($4 != 1) race_bad[side($2)] = 1 }
     END {
@@ -157,9 +181,22 @@ peers_report() { # all.tsv note
         if (kinds[k] != "coalesced") json = json sprintf(", \"peer_%s_events_per_s\": %.1f", m, q)
         json = json sprintf(", \"ratio_%s\": %.3f", m, ratio[m])
       }
+      # CPU per delivery over the whole process of each side (warm-up, timed round and race): the
+      # the driver itself, and its server.
+      split("gate peer", sides, " ")
+      for (k = 1; k <= 2; k++) for (part = 1; part <= 2; part++) {
+        what = part == 1 ? "server" : "process"
+        list = ""
+        for (r = 1; r <= rounds; r++) if (all[sides[k], r] > 0 && (sides[k] "/" what, r) in cpu)
+          list = list " " cpu[sides[k] "/" what, r] / all[sides[k], r] * 1e6
+        cpu_us[sides[k], what] = median(list)
+        json = json sprintf(", \"%s_%s_cpu_us_per_delivery\": %.1f", sides[k], what == "server" ? "server" : "client", cpu_us[sides[k], what])
+      }
       best16 = ratio["single_16"] > ratio["coalesced_16"] ? ratio["single_16"] : ratio["coalesced_16"]
       batch = ratio["batch10_4"] < ratio["batch10_16"] ? ratio["batch10_4"] : ratio["batch10_16"]
       met1 = best16 >= 1.0 ? "true" : "false"; met2 = batch >= 2.0 ? "true" : "false"
+      printf "CPU per delivery (all modes, warm-up included): idemgate %.0f us in PostgreSQL, %.0f us in its process; peer %.0f us in Redis, %.0f us in Node.js\n",
+        cpu_us["gate", "server"], cpu_us["gate", "process"], cpu_us["peer", "server"], cpu_us["peer", "process"]
       printf "side effects: idemgate %d for %d distinct events (%d business rows), peer %d for %d\n",
         effects["gate"], distinct["gate"], rows, effects["peer"], distinct["peer"]
       printf "16-way race on one event id, side effects per round: idemgate%s, peer%s\n", race["gate"], race["peer"]
