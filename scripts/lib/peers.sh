@@ -40,8 +40,14 @@ peers_install_node() {
   done
   if ((${#missing[@]} > 0)); then
     idemgate_log "installing ${missing[*]} into $peer_modules"
-    npm install --prefix "$peer_modules" --save-exact --no-audit --no-fund --no-update-notifier \
-      --loglevel=error "${IDEMGATE_PEER_PACKAGES[@]}" >&2
+    local attempt
+    for attempt in 1 2 3; do
+      npm install --prefix "$peer_modules" --save-exact --no-audit --no-fund --no-update-notifier \
+        --loglevel=error "${IDEMGATE_PEER_PACKAGES[@]}" >&2 && return 0
+      ((attempt < 3)) || { echo "npm install failed three times (above)" >&2; return 1; }
+      idemgate_log "npm install failed (attempt $attempt of 3); trying again in $((attempt * 10)) s"
+      sleep $((attempt * 10))
+    done
   fi
 }
 
