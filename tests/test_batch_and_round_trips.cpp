@@ -21,11 +21,13 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 using idemgate::BatchMessage;
+using idemgate::CommitStatus;
 using idemgate::Gate;
 using idemgate::Key;
 using idemgate::MemoryStore;
@@ -179,6 +181,51 @@ TEST(RoundTrips, BatchOfTenReservesInOneStatementAndCommitsInOneTransaction) {
   EXPECT_EQ(take_open_transaction_checks(calls), 10) << describe(calls);
   EXPECT_EQ(total(calls), 23) << describe(calls);
   EXPECT_EQ(db.count("SELECT count(*) FROM bookings"), 11);
+}
+
+TEST(RoundTrips, BatchOfTenWithABulkWriteIsOneReservationOneInsertOneUpdateAndOneCommit) {
+  ASSERT_FALSE(idemgate::test::pg_uri().empty());
+  OwnDatabase db;
+  db.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+  db.exec(idemgate::test::bookings_ddl("bookings"));
+  PostgresStore store(store_uri(db.uri()), store_options({}));
+  store.migrate();
+  FakeTerminal<> terminal;
+  std::atomic<int> calls{0};
+  Gate gate{"ect.claim_slot", store, terminal,
+            idemgate::test::PgBulkBookingWriter{"bookings", nullptr, &calls}};
+  std::vector<BatchMessage<SlotRequest>> warm{
+      {"m", idemgate::derive_key("b", "warm"), {"C", "w"}},
+      {"n", idemgate::derive_key("b", "warm2"), {"D", "w"}}};
+  (void)gate.process_batch(warm);
+
+  std::vector<BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 10; ++i)
+    batch.push_back({"msg-" + std::to_string(i),
+                     idemgate::derive_key("b", std::to_string(i)),
+                     {"C" + std::to_string(i), "w"}});
+  calls = 0;
+  reset_statement_counts();
+  const auto result = gate.process_batch(batch);
+  auto calls_at_server = statements_in(db);
+  for (const auto& item : result.items()) EXPECT_EQ(item.result.status(), Status::processed);
+  EXPECT_EQ(calls.load(), 1) << "one bulk write for the batch";
+  // One reservation, BEGIN, the bulk INSERT, one fenced UPDATE for the ten rows (with its check
+  // in its round trip), COMMIT.
+  EXPECT_EQ(take_open_transaction_checks(calls_at_server), 1) << describe(calls_at_server);
+  EXPECT_EQ(total(calls_at_server), 5) << describe(calls_at_server);
+  EXPECT_EQ(db.count("SELECT count(*) FROM bookings"), 12);
+
+  // A single event is the bulk write with one event: the same statements as the per-event form
+  // (reservation, BEGIN, INSERT, fenced UPDATE, COMMIT).
+  calls = 0;
+  reset_statement_counts();
+  ASSERT_EQ(gate.process(idemgate::derive_key("b", "single"), {"S", "w"}).status(),
+            Status::processed);
+  auto single = statements_in(db);
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(take_open_transaction_checks(single), 1) << describe(single);
+  EXPECT_EQ(total(single), 5) << describe(single);
 }
 
 TEST(Batch, ABatchLongerThanItsLeaseKeepsItsLeasesOnPostgres) {
@@ -400,6 +447,163 @@ TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
   EXPECT_EQ(result.items()[2].result.status(), Status::processed);
   EXPECT_EQ(booking_count(), 2);
   EXPECT_EQ(gate.store().find(batch[1].key)->status, RecordStatus::in_flight);
+}
+
+TEST_F(PostgresBatch, ABulkCommitWithAMovedFenceCommitsNothingAndOnlyThatEventLosesItsLease) {
+  PostgresStore store(store_uri(uri), store_options({.table = log}));
+  store.migrate();
+  const std::string request = "request";
+  const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
+  std::vector<Key> keys;
+  for (int i = 0; i < 3; ++i) {
+    keys.push_back(idemgate::derive_key("stale bulk", std::to_string(i)));
+    ASSERT_EQ(store.reserve(keys.back(), fingerprint, request, 1min).fence, 1);
+  }
+  ASSERT_TRUE(store.release(keys[1], 1));
+  ASSERT_EQ(store.reserve(keys[1], fingerprint, request, 1min).fence, 2);
+
+  // The store: one bulk write and one fenced update for all three, which changes two rows of
+  // three: nothing is committed, not even the bulk write's rows.
+  const std::vector<idemgate::CommitItem> items{
+      {keys[0], 1, "slot-0"}, {keys[1], 1, "slot-1"}, {keys[2], 1, "slot-2"}};
+  int writes = 0;
+  const auto statuses = store.commit_bulk(items, [&](pqxx::work& tx) {
+    ++writes;
+    for (const auto& item : items)
+      booking_writer()(tx, item.key, {"C", "w"}, std::string(item.result));
+  });
+  EXPECT_FALSE(statuses.has_value()) << "a fence moved: the batch must not commit";
+  EXPECT_EQ(writes, 1);
+  EXPECT_EQ(booking_count(), 0);
+  for (const Key& key : keys) EXPECT_EQ(store.find(key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(store.find(keys[1])->fence, 2) << "the redelivery still holds its event";
+  // The same fences that all hold commit together.
+  const std::vector<idemgate::CommitItem> held{{keys[0], 1, "slot-0"}, {keys[2], 1, "slot-2"}};
+  const auto together = store.commit_bulk(held, [&](pqxx::work& tx) {
+    for (const auto& item : held)
+      booking_writer()(tx, item.key, {"C", "w"}, std::string(item.result));
+  });
+  ASSERT_TRUE(together.has_value());
+  EXPECT_EQ(*together, std::vector<CommitStatus>(2, CommitStatus::committed));
+  EXPECT_EQ(booking_count(), 2);
+
+  // Through the gate: a redelivery takes the middle event over while the batch works; the bulk
+  // commit is refused whole, and the gate commits the events one by one, each with a bulk write
+  // of one event: the middle one loses its lease, the others commit.
+  const PostgresStore second(store_uri(uri), store_options({.table = log}));
+  auto other = second.for_gate("ect.claim_slot");
+  FakeTerminal<> terminal;
+  std::atomic<int> events{0}, calls{0};
+  Gate gate{"ect.claim_slot", store, terminal,
+            idemgate::test::PgBulkBookingWriter{bookings, &events, &calls}};
+  std::vector<BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 3; ++i)
+    batch.push_back({"m" + std::to_string(i),
+                     idemgate::derive_key("stale bulk gate", std::to_string(i)),
+                     {"C" + std::to_string(i), "w"}});
+  terminal.after = [&](const Key& key,
+                       const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
+    if (key != batch[1].key) return std::nullopt;
+    EXPECT_TRUE(other.release(key, 1));
+    const std::string bytes = gate.encode_request(batch[1].request);
+    EXPECT_EQ(other.reserve(key, idemgate::detail::sha256(bytes), bytes, 1min).fence, 2);
+    return std::nullopt;
+  };
+  const auto result = gate.process_batch(batch);
+  EXPECT_EQ(result.items()[0].result.status(), Status::processed);
+  EXPECT_EQ(result.items()[1].result.status(), Status::lost_lease);
+  EXPECT_EQ(result.items()[2].result.status(), Status::processed);
+  EXPECT_EQ(calls.load(), 4) << "the refused bulk write, then one per event";
+  EXPECT_EQ(events.load(), 6);
+  EXPECT_EQ(booking_count(), 4);
+  EXPECT_EQ(gate.store().find(batch[1].key)->status, RecordStatus::in_flight);
+  EXPECT_EQ(gate.store().find(batch[1].key)->fence, 2);
+  expect_no_half_state();
+}
+
+TEST_F(PostgresBatch, ABulkWriteThatThrowsForOneEventCostsOnlyThatEvent) {
+  PostgresStore store(store_uri(uri), store_options({.table = log}));
+  store.migrate();
+  FakeTerminal<> terminal;
+  std::atomic<int> calls{0};
+  idemgate::test::PgBulkBookingWriter writer{bookings, nullptr, &calls};
+  writer.after = [](pqxx::work&, auto events) {
+    for (const auto& event : events)
+      if (event.request.container == "REFUSED") throw std::runtime_error("TMS refused");
+  };
+  Gate gate{"ect.claim_slot", store, terminal, writer};
+  std::vector<BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 5; ++i)
+    batch.push_back({"m" + std::to_string(i),
+                     idemgate::derive_key("bulk refuse", std::to_string(i)),
+                     {i == 2 ? "REFUSED" : "C" + std::to_string(i), "w"}});
+  const auto result = gate.process_batch(batch);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(result.items()[static_cast<std::size_t>(i)].result.status(),
+              i == 2 ? Status::retry : Status::processed)
+        << i;
+  EXPECT_EQ(result.retry_ids(), std::vector<std::string>{"m2"});
+  EXPECT_EQ(calls.load(), 6) << "the batch's call, then one per event";
+  EXPECT_EQ(booking_count(), 4);
+  const auto refused = gate.store().find(batch[2].key);
+  EXPECT_EQ(refused->status, RecordStatus::in_flight);
+  EXPECT_LT(refused->lease_until, std::chrono::system_clock::now())
+      << "its lease was ended for the redelivery";
+  expect_no_half_state();
+}
+
+TEST_F(PostgresBatch, ABulkWriteWhoseSqlFailsForOneEventCostsOnlyThatEvent) {
+  idemgate::test::pg_exec("ALTER TABLE " + bookings + " ADD CHECK (container <> 'BAD')");
+  PostgresStore store(store_uri(uri), store_options({.table = log}));
+  store.migrate();
+  FakeTerminal<> terminal;
+  std::atomic<int> calls{0};
+  Gate gate{"ect.claim_slot", store, terminal,
+            idemgate::test::PgBulkBookingWriter{bookings, nullptr, &calls}};
+  std::vector<BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 4; ++i)
+    batch.push_back({"m" + std::to_string(i),
+                     idemgate::derive_key("bulk sql", std::to_string(i)),
+                     {i == 1 ? "BAD" : "C" + std::to_string(i), "w"}});
+  const auto result = gate.process_batch(batch);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(result.items()[static_cast<std::size_t>(i)].result.status(),
+              i == 1 ? Status::retry : Status::processed)
+        << i << ": " << result.items()[static_cast<std::size_t>(i)].result.reason();
+  EXPECT_EQ(calls.load(), 5) << "the batch's call, then one per event";
+  EXPECT_EQ(booking_count(), 3);
+  EXPECT_EQ(gate.store().find(batch[1].key)->status, RecordStatus::in_flight);
+  expect_no_half_state();
+}
+
+TEST_F(PostgresBatch, ABulkWriteThatSwallowsAnSqlErrorCommitsNothingAndGivesEveryLeaseBack) {
+  PostgresStore store(store_uri(uri), store_options({.table = log}));
+  store.migrate();
+  FakeTerminal<> terminal;
+  std::atomic<int> calls{0};
+  idemgate::test::PgBulkBookingWriter writer{bookings, nullptr, &calls};
+  writer.after = [](pqxx::work& tx, auto) {
+    try {
+      pq::exec(tx, "SELECT * FROM no_such_table");
+    } catch (const pqxx::sql_error&) {
+      // swallowed: the transaction is broken, and the write goes on
+    }
+  };
+  Gate gate{"ect.claim_slot", store, terminal, writer};
+  std::vector<BatchMessage<SlotRequest>> batch;
+  for (int i = 0; i < 3; ++i)
+    batch.push_back({"m" + std::to_string(i),
+                     idemgate::derive_key("bulk swallow", std::to_string(i)),
+                     {"C" + std::to_string(i), "w"}});
+  const auto result = gate.process_batch(batch);
+  for (const auto& item : result.items()) EXPECT_EQ(item.result.status(), Status::retry);
+  EXPECT_EQ(calls.load(), 1) << "nothing runs again outside the broken transaction";
+  EXPECT_EQ(booking_count(), 0);
+  for (const auto& message : batch) {
+    const auto row = gate.store().find(message.key);
+    EXPECT_EQ(row->status, RecordStatus::in_flight);
+    EXPECT_LT(row->lease_until, std::chrono::system_clock::now()) << "its lease was given back";
+  }
 }
 
 TEST_F(PostgresBatch, EveryBatchReservationThatMeetsAKeyIsCountedOnItsRow) {

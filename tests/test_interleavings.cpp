@@ -159,6 +159,7 @@ struct Tally {
   std::size_t groups = 0;
   std::size_t grouped_reservations = 0;
   std::size_t grouped_commits = 0;
+  int bulk_commits = 0;
   /// Every decision of every schedule, hashed: equal across runs when the seeds replay exactly.
   std::uint64_t trace = 14695981039346656037ull;
   void note(const std::string& decision) {
@@ -175,14 +176,18 @@ constexpr int crash_percent = 3;
 constexpr int expire_percent = 4;
 
 /// One schedule over the environment `Env` (a store with its clock control and business table).
-template <class Env>
+/// With `Bulk`, the gate's business write is a bulk one: a batch's commit calls it once with
+/// every event it commits, every other commit with one.
+template <class Env, bool Bulk = false>
 class Schedule {
  public:
   using Inner = typename Env::Store;
   using Store = PausingStore<Inner>;
   using Downstream = PausingDownstream<FakeTerminal<>>;
-  using Write = std::function<void(typename Inner::transaction&, const Key&, const SlotRequest&,
-                                   const std::string&)>;
+  using Events = std::span<const idemgate::CommittedEvent<SlotRequest, std::string>>;
+  using Write = std::conditional_t<Bulk, std::function<void(typename Inner::transaction&, Events)>,
+                                   std::function<void(typename Inner::transaction&, const Key&,
+                                                      const SlotRequest&, const std::string&)>>;
   using GateType = idemgate::Gate<Store, Downstream, Write>;
   using ReconcilerType = idemgate::Reconciler<Store, Downstream, Write>;
 
@@ -196,9 +201,7 @@ class Schedule {
             Env::pauses_inside_business_write,
             [this](const Key& key, std::int64_t fence) { leased(key, fence); }),
         downstream_(terminal_, [this](const PausePoint& at) { step(at); }),
-        gate_(gate_name, store_, downstream_,
-              [this](typename Inner::transaction& tx, const Key& key, const SlotRequest& r,
-                     const std::string& slot) { business_write(tx, key, r, slot); },
+        gate_(gate_name, store_, downstream_, make_write(),
               // No heartbeat: it would renew leases on a thread of its own, outside the
               // schedule, and a seed would no longer replay its interleaving. The lease keeper
               // of batches and passes still renews on the actors' threads, held at each step.
@@ -242,6 +245,7 @@ class Schedule {
     tally_.groups += groups.reservation_groups + groups.commit_groups;
     tally_.grouped_reservations += groups.reservations - groups.reservation_groups;
     tally_.grouped_commits += groups.commits - groups.commit_groups;
+    tally_.bulk_commits += store_.bulk_commits();
     // The final passes run even after a broken invariant, so that a store shared with the next
     // schedule holds nothing of this one in flight.
     const auto broken = finish();
@@ -433,9 +437,26 @@ class Schedule {
     return std::nullopt;
   }
 
+  Write make_write() {
+    if constexpr (Bulk) {
+      // Each event's row is written under the fence its commit presents (the ledger's
+      // `committing`, set for every item of the store's commit).
+      return [this](typename Inner::transaction& tx, Events events) {
+        for (const auto& event : events)
+          business_write(tx, event.key, event.request, event.outcome,
+                         idemgate::test::thread_ledger().committing.at(event.key));
+      };
+    } else {
+      return [this](typename Inner::transaction& tx, const Key& key, const SlotRequest& r,
+                    const std::string& slot) {
+        business_write(tx, key, r, slot, idemgate::test::thread_ledger().business_fence);
+      };
+    }
+  }
+
   void business_write(typename Inner::transaction& tx, const Key& key, const SlotRequest& r,
-                      const std::string& slot) {
-    env_.book(tx, key, slot, idemgate::test::thread_ledger().business_fence);
+                      const std::string& slot, std::int64_t fence) {
+    env_.book(tx, key, slot, fence);
     if (me_ != nullptr && std::exchange(me_->crash_in_business_write, false)) {
       turnstile_.kill();
       throw SimulatedCrash{};
@@ -871,7 +892,7 @@ std::vector<unsigned> seeds(unsigned base, unsigned count) {
 /// invariant; then checks that they reached what they are for. With `coalesce` on, the gate
 /// groups concurrent calls; odd seeds also wait `coalesce.window` for a group to fill (even
 /// seeds use none).
-template <class Make>
+template <bool Bulk = false, class Make>
 void run_schedules(const std::vector<unsigned>& seeds, Make&& make, const std::string& filter,
                    bool extends, idemgate::Coalescing coalesce = {}) {
   Tally tally;
@@ -884,9 +905,10 @@ void run_schedules(const std::vector<unsigned>& seeds, Make&& make, const std::s
     const auto broken = [&] {
       if constexpr (std::is_invocable_v<Make&>) {
         auto env = make();
-        return Schedule<typename decltype(env)::element_type>(*env, seed, tally, grouping).run();
+        return Schedule<typename decltype(env)::element_type, Bulk>(*env, seed, tally, grouping)
+            .run();
       } else {
-        return Schedule<std::remove_cvref_t<Make>>(make, seed, tally, grouping).run();
+        return Schedule<std::remove_cvref_t<Make>, Bulk>(make, seed, tally, grouping).run();
       }
     }();
     if (!broken) continue;
@@ -906,8 +928,8 @@ void run_schedules(const std::vector<unsigned>& seeds, Make&& make, const std::s
             << ", crashes " << tally.crashes << ", expiries " << tally.expiries << ", batches "
             << tally.batches << ", given up " << tally.given_up << ", groups " << tally.groups
             << " (calls run in another's: reservations " << tally.grouped_reservations
-            << ", commits " << tally.grouped_commits << "), trace " << std::hex << tally.trace
-            << std::dec << "\n";
+            << ", commits " << tally.grouped_commits << "), bulk commits " << tally.bulk_commits
+            << ", trace " << std::hex << tally.trace << std::dec << "\n";
   if (seeds.size() == 1) return;  // a replay
   // Without these the schedules would prove nothing about fences and leases.
   EXPECT_GT(tally.stale_commits, 0) << "no held worker ever resumed to commit a taken-over event";
@@ -922,6 +944,9 @@ void run_schedules(const std::vector<unsigned>& seeds, Make&& make, const std::s
     // Without these the schedules would prove nothing about group commit.
     EXPECT_GT(tally.grouped_reservations, 0u) << "no reservation ever ran in another call's group";
     EXPECT_GT(tally.grouped_commits, 0u) << "no commit ever ran in another call's group";
+  }
+  if (Bulk) {
+    EXPECT_GT(tally.bulk_commits, 0) << "no batch ever committed with one bulk write";
   }
 }
 
@@ -1002,6 +1027,41 @@ TEST(Interleavings, WorkersAndReconcilersWithCoalescingOnPostgresKeepEveryInvari
     PostgresEnv env(uri, log, bookings);
     env.lose_group_reservations = true;
     run_schedules(seeds(800001, scaled(60)), env, "*WithCoalescingOnPostgres*", false, grouped);
+  }
+  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
+}
+
+// The same schedules with a bulk business write: a batch's commit runs one write for all its
+// events and one fenced update (PostgreSQL) or its fenced updates in one transaction (SQLite,
+// MemoryStore); when a fence moved or the write threw (poison, a crash inside it), nothing of the
+// batch lands and its events are committed one by one.
+TEST(Interleavings, WorkersAndReconcilersWithBulkWritesOnMemoryStoreKeepEveryInvariant) {
+  run_schedules<true>(
+      seeds(900001, scaled(300)), [] { return std::make_unique<MemoryEnv>(); },
+      "*WithBulkWritesOnMemoryStore*", true);
+}
+
+#if IDEMGATE_TEST_SQLITE
+TEST(Interleavings, WorkersAndReconcilersWithBulkWritesOnSqliteStoreKeepEveryInvariant) {
+  run_schedules<true>(
+      seeds(950001, scaled(100)), [] { return std::make_unique<SqliteEnv>(); },
+      "*WithBulkWritesOnSqliteStore*", true);
+}
+#endif
+
+TEST(Interleavings, WorkersAndReconcilersWithBulkWritesOnPostgresKeepEveryInvariant) {
+  const std::string uri = idemgate::test::pg_uri();
+  ASSERT_FALSE(uri.empty());
+  const std::string log = idemgate::test::unique_table("log");
+  const std::string bookings = idemgate::test::unique_table("book");
+  idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
+  idemgate::test::pg_exec(
+      "CREATE TABLE " + bookings +
+      " (id bigserial PRIMARY KEY, source_event bytea NOT NULL, slot_id text, fence bigint)");
+  idemgate::PostgresStore(uri, {.table = log}).migrate();
+  {
+    PostgresEnv env(uri, log, bookings);
+    run_schedules<true>(seeds(1000001, scaled(60)), env, "*WithBulkWritesOnPostgres*", false);
   }
   idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + ", " + log + "_mismatches, " + bookings);
 }

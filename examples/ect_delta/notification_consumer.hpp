@@ -26,10 +26,12 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <unistd.h>
 
@@ -180,6 +182,40 @@ inline std::optional<idemgate::consumer::Event<SlotRequest>> decode(std::string_
       {n->equipment_number, n->preferred_window}};
 }
 
+/// Strings as a PostgreSQL `text[]` parameter in its text form: `{"a","b"}`, each element quoted
+/// with `"` and `\` escaped.
+inline std::string text_array(const std::vector<std::string>& values) {
+  std::string out = "{";
+  for (const std::string& value : values) {
+    if (out.size() > 1) out += ',';
+    out += '"';
+    for (char c : value) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '"';
+  }
+  return out + '}';
+}
+
+/// The business write: the TMS bookings of every event the gate commits at once (a batch of the
+/// broker's prefetch, or one event), in one multi-row INSERT in the transaction that records
+/// their slots.
+inline void book_all(pqxx::work& tx,
+                     std::span<const idemgate::CommittedEvent<SlotRequest, std::string>> events) {
+  std::vector<std::string> containers, slots;
+  containers.reserve(events.size());
+  slots.reserve(events.size());
+  for (const auto& event : events) {
+    containers.push_back(event.request.container);
+    slots.push_back(event.outcome);
+  }
+  idemgate::exec_params(tx,
+                        "INSERT INTO tms_bookings (container, slot)"
+                        " SELECT * FROM unnest($1::text[], $2::text[])",
+                        text_array(containers), text_array(slots));
+}
+
 /// The hooks every consumer gets: the output lines, and errors on stderr.
 struct Hooks {
   std::function<void(const idemgate::consumer::Received&)> on_received;
@@ -233,10 +269,10 @@ int main_of(const Flavour& flavour, int argc, char** argv, Make make) {
       tx.commit();
     }
     idemgate::HttpDownstream<SlotApi> terminal{args.terminal};
-    // The business write: the TMS booking, in the transaction that records the slot.
-    auto book = [](pqxx::work& tx, const SlotRequest& request, const std::string& slot) {
-      idemgate::exec_params(tx, "INSERT INTO tms_bookings (container, slot) VALUES ($1, $2)",
-                            request.container, slot);
+    // The business write is a bulk one: the consumer's batches commit with one INSERT each.
+    auto book = [](pqxx::work& tx,
+                   std::span<const idemgate::CommittedEvent<SlotRequest, std::string>> events) {
+      book_all(tx, events);
     };
     idemgate::Gate gate{"ect.claim_slot", store, terminal, book, args.gate};
     idemgate::Reconciler reconciler{gate, args.reconciler};

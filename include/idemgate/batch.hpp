@@ -25,6 +25,24 @@ struct BatchMessage {
   std::string label = {};
 };
 
+/**
+ * One event whose outcome a bulk business write commits: what a business write callable as
+ * `write(transaction&, std::span<const CommittedEvent<Request, Outcome>>)` receives.
+ * `process_batch` hands it every event of the batch it commits at once, so one multi-row statement
+ * writes them all (`INSERT … SELECT … FROM unnest($1::text[], $2::text[])` on PostgreSQL);
+ * `process`, group commit, the reconciler and `resolve` hand it one event. The references live
+ * until the write returns.
+ */
+template <class Request, class Outcome>
+struct CommittedEvent {
+  /// The event's idempotency key (to record which event wrote a row).
+  const Key& key;
+  /// What the downstream was asked to do.
+  const Request& request;
+  /// What the downstream answered.
+  const Outcome& outcome;
+};
+
 /// The gate's answer for one message of a batch.
 template <class Outcome>
 struct BatchItem {

@@ -2,6 +2,7 @@
 // What stores, downstreams, business writes and observers must provide, as concepts.
 #pragma once
 
+#include "batch.hpp"
 #include "codec.hpp"
 #include "gate_name.hpp"
 #include "key.hpp"
@@ -149,15 +150,24 @@ concept lookup_downstream = downstream<D> && requires(D& d, const Key& key) {
   { d.lookup(key) } -> std::same_as<LookupResult<typename D::outcome_type>>;
 };
 
+/// Concept: a bulk business write, which writes many events' rows in one statement: it takes
+/// the transaction and a span of `CommittedEvent` (key, request, outcome). `process_batch` calls
+/// it once for the events of a batch it commits together; every other path with one event.
+template <class F, class S, class D>
+concept bulk_business_write = std::invocable<
+    F&, typename S::transaction&,
+    std::span<const CommittedEvent<typename D::request_type, typename D::outcome_type>>>;
+
 /// Concept: the caller's business write (a booking row, a ledger row), run inside the
-/// store's transaction together with the outcome. It takes the transaction, optionally the key
-/// (to record which event wrote the row), the request and the outcome.
+/// store's transaction together with the outcome. Per event, it takes the transaction, optionally
+/// the key (to record which event wrote the row), the request and the outcome; or it is a
+/// `bulk_business_write`.
 template <class F, class S, class D>
 concept business_write =
     std::invocable<F&, typename S::transaction&, const typename D::request_type&,
                    const typename D::outcome_type&> ||
     std::invocable<F&, typename S::transaction&, const Key&, const typename D::request_type&,
-                   const typename D::outcome_type&>;
+                   const typename D::outcome_type&> || bulk_business_write<F, S, D>;
 
 /**
  * Concept: a store that can report the signals and keep itself small.

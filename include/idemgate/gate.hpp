@@ -155,6 +155,11 @@ class Gate {
   using outcome_type = typename Downstream::outcome_type;
   /// What `process` returns.
   using result_type = Result<outcome_type>;
+  /// What a bulk business write receives, one per event (`bulk_business_write`).
+  using committed_event = CommittedEvent<request_type, outcome_type>;
+  /// True when the business write is a `bulk_business_write`: `process_batch` then calls it once
+  /// for the events it commits together, every other path with one event.
+  static constexpr bool bulk_writes = bulk_business_write<Apply, Store, Downstream>;
 
   /// Gate `name` over `store` and `downstream`; `business_write` runs in the commit's
   /// transaction (also for the reconciler, so it must depend only on key, request and outcome).
@@ -277,12 +282,18 @@ class Gate {
   /**
    * Processes a batch of messages (an SQS receive of up to 10, or more): every key reserved in
    * one statement when the store can (`reserve_batch`), the downstream called for each new
-   * event, and the commits grouped in one transaction (`commit_batch`). Returns one result per
-   * message, in order; `retry_ids()` lists the messages not to ack.
+   * event, and the commits grouped in one transaction (`commit_batch`). With a bulk business
+   * write (`bulk_business_write`) on a store that has `commit_bulk`, that transaction calls the
+   * write once with every event to commit and marks them committed in one fenced statement.
+   * Returns one result per message, in order; `retry_ids()` lists the messages not to ack.
    *
    * Messages with the same key in one batch are processed once; the others get its answer as
    * `duplicate`. A message whose request cannot be encoded gets `failed` (nothing written).
-   * A business write that throws leaves its event in flight and its message to `retry`.
+   * A business write that throws leaves its event in flight and its message to `retry`. When the
+   * grouped commit cannot land whole (an event's lease was taken over meanwhile, a business
+   * write threw or its SQL failed), nothing of it is written and the events are committed one
+   * by one, each with its own business write (a bulk write gets one event): only the event at
+   * fault answers `lost_lease` or `retry`.
    *
    * When it throws, there is no result for any message: ack none of them. Every lease the batch
    * held was given back; the redeliveries finish the events, or answer them from the log where
@@ -438,8 +449,11 @@ class Gate {
   /// stores' commit callbacks; applications call `process`.
   void apply(typename Store::transaction& tx, const Key& key, const request_type& request,
              const outcome_type& outcome) {
-    if constexpr (std::invocable<Apply&, typename Store::transaction&, const Key&,
-                                 const request_type&, const outcome_type&>)
+    if constexpr (bulk_writes) {
+      const committed_event event{key, request, outcome};
+      std::invoke(apply_, tx, std::span<const committed_event>(&event, 1));
+    } else if constexpr (std::invocable<Apply&, typename Store::transaction&, const Key&,
+                                        const request_type&, const outcome_type&>)
       std::invoke(apply_, tx, key, request, outcome);
     else
       std::invoke(apply_, tx, request, outcome);
@@ -781,9 +795,47 @@ class Gate {
       if (c.took_over) result->set_took_over();
     };
     for (BatchCommit& c : commits) codec<outcome_type>::encode(c.outcome, c.outcome_bytes);
-    if constexpr (requires(std::span<const CommitItem> items) {
-                    store_.commit_batch(items, [](typename Store::transaction&, std::size_t) {});
+    // Gives every lease back and answers `retry` for each: a business write broke the store's
+    // transaction, so nothing may run again item by item (its statements after the break may have
+    // run outside the transaction). The redeliveries take the events over at once.
+    auto give_all_back = [&](const BusinessWriteError& e) {
+      for (const BatchCommit& c : commits) {
+        give_back_one(messages[c.index].key, c.fence, e.what());
+        slots[c.index].result = result_type::because(Status::retry, e.what());
+      }
+    };
+    if constexpr (bulk_writes && requires(std::span<const CommitItem> items) {
+                    store_.commit_bulk(items, [](typename Store::transaction&) {});
                   }) {
+      if (commits.size() > 1) {
+        std::vector<CommitItem> items;
+        std::vector<committed_event> events;
+        items.reserve(commits.size());
+        events.reserve(commits.size());
+        for (const BatchCommit& c : commits) {
+          items.push_back({messages[c.index].key, c.fence, c.outcome_bytes});
+          events.push_back({messages[c.index].key, messages[c.index].request, c.outcome});
+        }
+        std::optional<std::vector<CommitStatus>> statuses;
+        try {
+          // One call of the bulk write and one fenced update for the whole batch; when a fence
+          // moved or the write threw, nothing was written and the items go one by one below.
+          statuses = store_.commit_bulk(items, [&](typename Store::transaction& tx) {
+            std::invoke(apply_, tx, std::span<const committed_event>(events));
+          });
+        } catch (const BusinessWriteError& e) {
+          give_all_back(e);
+          return;
+        }
+        if (statuses) {
+          for (std::size_t k = 0; k < commits.size(); ++k) settle_one(commits[k], (*statuses)[k]);
+          return;
+        }
+      }
+    } else if constexpr (requires(std::span<const CommitItem> items) {
+                           store_.commit_batch(items,
+                                               [](typename Store::transaction&, std::size_t) {});
+                         }) {
       std::vector<CommitItem> items;
       items.reserve(commits.size());
       for (const BatchCommit& c : commits)
@@ -795,12 +847,7 @@ class Gate {
           apply(tx, messages[c.index].key, messages[c.index].request, c.outcome);
         });
       } catch (const BusinessWriteError& e) {
-        // Not one by one: the broken business write would run again outside a transaction. No
-        // message of the group is acked; every lease is given back for the redeliveries.
-        for (const BatchCommit& c : commits) {
-          give_back_one(messages[c.index].key, c.fence, e.what());
-          slots[c.index].result = result_type::because(Status::retry, e.what());
-        }
+        give_all_back(e);
         return;
       }
       if (statuses) {

@@ -78,6 +78,8 @@ constexpr const char* gate_name = "ect.claim_slot";
 
 using KeyedGate = Gate<PostgresStore, FakeTerminal<>, BookingWriter>;
 using UnkeyedGate = Gate<PostgresStore, FakeTerminal<false>, BookingWriter>;
+/// A gate whose business write is a bulk write: one INSERT for every event a batch commits.
+using BulkGate = Gate<PostgresStore, FakeTerminal<>, idemgate::test::PgBulkBookingWriter>;
 
 /// Every store operation a wire fault is injected into.
 enum class Operation {
@@ -92,6 +94,9 @@ enum class Operation {
   commit_batch,
   purge,
   resolve,
+  bulk_write,
+  bulk_update,
+  bulk_commit,
 };
 
 /// What the wire does to the operation's statement.
@@ -138,6 +143,12 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
 
   KeyedGate gate_on(PostgresStore& store, std::chrono::milliseconds lease = 1s) {
     return KeyedGate(gate_name, store, terminal_, writer(), {.lease = lease});
+  }
+
+  BulkGate bulk_gate_on(PostgresStore& store) {
+    return BulkGate(gate_name, store, terminal_,
+                    idemgate::test::PgBulkBookingWriter{bookings, &business_writes_},
+                    {.lease = 1s});
   }
 
   UnkeyedGate unkeyed_gate_on(PostgresStore& store) {
@@ -463,6 +474,28 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
     }
   }
 
+  /// A batch of three with a bulk write, the wire broken at `statement` of its one commit
+  /// transaction: the bulk INSERT, the fenced UPDATE of the three rows, or the COMMIT.
+  void bulk_commit(const std::string& statement) {
+    auto store = proxied_store();
+    auto gate = bulk_gate_on(*store);
+    for (int i = 1; i <= 3; ++i) expect_final(i, Final::committed);
+    const auto messages = batch_of(3);
+    inject(statement);
+    const auto batch = attempt("Gate::process_batch", [&] { return gate.process_batch(messages); });
+    expect_wire_was_broken();
+    if (!batch) return;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto& result = batch->items()[i].result;
+      EXPECT_EQ(result.status(), Status::processed) << "message " << i << ": " << result.reason();
+      expect_ack_only_if_finished(messages[i].key, result);
+    }
+    if (wire_ != Wire::cut && statement == "COMMIT") {
+      EXPECT_EQ(business_writes_.load(), 3)
+          << "the bulk write ran again after the transaction holding it had committed";
+    }
+  }
+
   void purge() {
     // Two committed events, one failed, one escalated, all finished an hour ago.
     terminal_.before = [](const SlotRequest& r,
@@ -555,6 +588,15 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
         break;
       case Operation::resolve:
         resolve();
+        break;
+      case Operation::bulk_write:
+        bulk_commit("SELECT * FROM unnest($1::text[]");
+        break;
+      case Operation::bulk_update:
+        bulk_commit("result = v.result");
+        break;
+      case Operation::bulk_commit:
+        bulk_commit("COMMIT");
         break;
     }
     finish_and_check();
@@ -687,9 +729,10 @@ class EveryGroupStatement : public CoalescedWireFaultTest,
   }
 };
 
-constexpr std::array<const char*, 11> operation_names = {
-    "reserve",    "take_over",     "commit",       "fail",  "release", "escalate",
-    "take_stale", "reserve_batch", "commit_batch", "purge", "resolve"};
+constexpr std::array<const char*, 14> operation_names = {
+    "reserve",  "take_over",  "commit",        "fail",         "release",
+    "escalate", "take_stale", "reserve_batch", "commit_batch", "purge",
+    "resolve",  "bulk_write", "bulk_update",   "bulk_commit"};
 
 void PrintTo(Operation operation, std::ostream* out) {
   *out << operation_names[static_cast<std::size_t>(operation)];
@@ -711,16 +754,16 @@ TEST_P(EveryOperation, DelayOf200MsPerRoundTripChangesNothing) {
   run(GetParam(), Wire::delay);
 }
 
-INSTANTIATE_TEST_SUITE_P(Store, EveryOperation,
-                         ::testing::Values(Operation::reserve, Operation::take_over,
-                                           Operation::commit, Operation::fail, Operation::release,
-                                           Operation::escalate, Operation::take_stale,
-                                           Operation::reserve_batch, Operation::commit_batch,
-                                           Operation::purge, Operation::resolve),
-                         [](const ::testing::TestParamInfo<Operation>& tested) {
-                           return std::string(
-                               operation_names[static_cast<std::size_t>(tested.param)]);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Store, EveryOperation,
+    ::testing::Values(Operation::reserve, Operation::take_over, Operation::commit, Operation::fail,
+                      Operation::release, Operation::escalate, Operation::take_stale,
+                      Operation::reserve_batch, Operation::commit_batch, Operation::purge,
+                      Operation::resolve, Operation::bulk_write, Operation::bulk_update,
+                      Operation::bulk_commit),
+    [](const ::testing::TestParamInfo<Operation>& tested) {
+      return std::string(operation_names[static_cast<std::size_t>(tested.param)]);
+    });
 
 // A reservation whose reply was lost runs again on a fresh connection and finds its own row: it
 // goes on with a whole lease from then, not with what is left of the first one (after a

@@ -145,6 +145,8 @@ class PausingStore {
 
   /// How many commits threw `BusinessWriteError` (the store blamed the business write).
   [[nodiscard]] int business_write_errors() const noexcept { return shared_->blamed.load(); }
+  /// Bulk commits of more than one event that committed (`commit_bulk`).
+  [[nodiscard]] int bulk_commits() const noexcept { return shared_->bulk_commits.load(); }
   /// The first `BusinessWriteError`'s message (read it once the callers are done).
   [[nodiscard]] const std::string& first_blame() const noexcept { return shared_->first_blame; }
 
@@ -213,6 +215,34 @@ class PausingStore {
       for (std::size_t i = 0; i < items.size() && i < statuses->size(); ++i)
         if ((*statuses)[i] == CommitStatus::committed)
           committed_under(items[i].key, items[i].fence);
+    return lost(std::move(statuses));
+  }
+
+  /// Forwards `commit_bulk` where the inner store has it (a bulk business write, called once for
+  /// the batch). Held before it starts and, where the store runs it before its fenced updates,
+  /// inside the write; every item's fence goes to the thread's ledger (`committing`), where the
+  /// bulk write finds each event's fence.
+  template <class BusinessWrite>
+  requires requires(Inner& s, std::span<const CommitItem> items) {
+    s.commit_bulk(items, [](transaction&) {});
+  }
+  std::optional<std::vector<CommitStatus>> commit_bulk(std::span<const CommitItem> items,
+                                                       BusinessWrite&& business) {
+    hold({Step::commit});
+    for (const CommitItem& item : items) thread_ledger().committing[item.key] = item.fence;
+    auto statuses = counted([&] {
+      return inner_.commit_bulk(items, [&](transaction& tx) {
+        if (shared_->inside && !items.empty())
+          hold({Step::business_write, &items[0].key, items[0].fence});
+        business(tx);
+      });
+    });
+    if (statuses) {
+      for (std::size_t i = 0; i < items.size() && i < statuses->size(); ++i)
+        if ((*statuses)[i] == CommitStatus::committed)
+          committed_under(items[i].key, items[i].fence);
+      if (items.size() > 1) ++shared_->bulk_commits;
+    }
     return lost(std::move(statuses));
   }
 
@@ -373,6 +403,7 @@ class PausingStore {
     bool inside;
     std::atomic<int> lose_at{0};
     std::atomic<int> blamed{0};
+    std::atomic<int> bulk_commits{0};
     std::string first_blame;
     std::mutex ledger_mutex;
     std::map<Key, std::int64_t> latest;

@@ -7,6 +7,7 @@
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
 
+#include <idemgate/batch.hpp>
 #include <idemgate/detail/postgres/pqxx_compat.hpp>
 #include <idemgate/key.hpp>
 
@@ -14,7 +15,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace idemgate::test {
 
@@ -38,6 +43,38 @@ struct PgBookingWriter {
         tx,
         "INSERT INTO " + table + " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)",
         request.container, slot, detail::pq::bytea_param(key.view()));
+  }
+};
+
+/// The same bookings written by a bulk business write: one multi-row INSERT for all the events
+/// it is given. Counts its calls in `calls` and the events it was given in `runs`, when given;
+/// `after`, when set, runs after the INSERT (a test's fault).
+struct PgBulkBookingWriter {
+  std::string table;
+  std::atomic<int>* runs = nullptr;
+  std::atomic<int>* calls = nullptr;
+  std::function<void(pqxx::work&, std::span<const CommittedEvent<SlotRequest, std::string>>)>
+      after = {};
+
+  void operator()(pqxx::work& tx,
+                  std::span<const CommittedEvent<SlotRequest, std::string>> events) const {
+    if (calls != nullptr) calls->fetch_add(1);
+    if (runs != nullptr) runs->fetch_add(static_cast<int>(events.size()));
+    std::vector<std::string> containers, slots;
+    std::vector<std::string_view> keys;
+    for (const auto& event : events) {
+      containers.push_back(event.request.container);
+      slots.push_back(event.outcome);
+      keys.push_back(event.key.view());
+    }
+    detail::pq::exec_params(tx,
+                            "INSERT INTO " + table +
+                                " (container, slot_id, source_event) SELECT * FROM "
+                                "unnest($1::text[], $2::text[], $3::bytea[])",
+                            detail::pq::text_array_param(containers),
+                            detail::pq::text_array_param(slots),
+                            detail::pq::bytea_array_param(keys));
+    if (after) after(tx, events);
   }
 };
 

@@ -124,14 +124,40 @@ class MemoryStore {
     return CommitStatus::committed;
   }
 
+  /// Commits many outcomes at once with one business write for all of them: runs `business` once
+  /// and, only if every item's fence still holds, marks them all committed and applies what the
+  /// write recorded. All or nothing: nullopt when a fence moved or `business` threw (nothing
+  /// applied; commit the items one by one instead, as `Gate::process_batch` does).
+  template <class BusinessWrite>
+  std::optional<std::vector<CommitStatus>> commit_bulk(std::span<const CommitItem> items,
+                                                       BusinessWrite&& business) {
+    transaction tx;
+    try {
+      std::forward<BusinessWrite>(business)(tx);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    std::lock_guard lock(mutex_);
+    for (const CommitItem& item : items)
+      if (holder(item.key, item.fence) == nullptr) return std::nullopt;
+    const auto now = clock_();
+    for (const CommitItem& item : items) {
+      Record& row = rows_.at(item.key);
+      row.status = RecordStatus::committed;
+      row.result = std::string(item.result);
+      row.updated_at = now;
+    }
+    for (auto& effect : tx.effects_) effect();
+    return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
+  }
+
   /// Like `commit`, with the result returned by `produce(transaction&)`.
   template <class Produce>
   CommitStatus commit_computed(const Key& key, std::int64_t fence, Produce&& produce) {
     transaction tx;
     std::string result = std::forward<Produce>(produce)(tx);
-    return commit(key, fence, result, [&](transaction& outer) {
-      outer.effects_ = std::move(tx.effects_);
-    });
+    return commit(key, fence, result,
+                  [&](transaction& outer) { outer.effects_ = std::move(tx.effects_); });
   }
 
   /// Stores a permanent failure, only if `fence` still holds.

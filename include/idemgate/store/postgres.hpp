@@ -1348,71 +1348,44 @@ class PostgresStore {
   template <class BusinessWrite>
   std::optional<std::vector<CommitStatus>> commit_batch(std::span<const CommitItem> items,
                                                         BusinessWrite&& business) {
-    std::vector<std::string_view> keys, results;
-    std::vector<std::int64_t> fences;
-    for (const CommitItem& item : items) {
-      keys.push_back(item.key.view());
-      fences.push_back(item.fence);
-      results.push_back(item.result);
-    }
-    const std::string key_array = detail::pq::bytea_array_param(keys);
-    const std::string fence_array = detail::pq::bigint_array_param(fences);
-    // Set once an attempt's COMMIT may have landed before its connection broke: the next
-    // attempt first asks. It is one transaction: all of the batch landed, or none of it did.
-    bool may_have_landed = false;
-    for (int attempt = 1;; ++attempt) {
-      std::string why;
-      try {
-        auto lease = pool_.acquire();
-        try {
-          if (may_have_landed) {
-            pqxx::nontransaction check(lease.connection());
-            const std::int64_t landed = detail::pq::int_field(
-                exec_prepared(lease, check, Statement::batch_landed, key_array, fence_array)[0][0]);
-            if (landed == static_cast<std::int64_t>(items.size()))
-              return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
-            if (landed != 0) return std::nullopt;  // fences moved meanwhile: item by item decides
-            may_have_landed = false;
-          }
-          pqxx::work tx(lease.connection());
-          // Each business write is followed by its own fenced update, checked like commit's: a
-          // business write that breaks the transaction is named, and no later item's write runs
-          // outside the transaction.
-          for (std::size_t i = 0; i < items.size(); ++i) {
-            run_business_write(items[i].key, [&] { business(tx, i); });
-            const pqxx::result updated =
-                fenced_update(tx,
-                              in_open_transaction(
-                                  fenced_update_sql(items[i].key, items[i].fence, items[i].result)),
-                              items[i].key);
-            if (detail::pq::affected_rows(updated) == 0) return std::nullopt;  // a fence moved
-          }
-          may_have_landed = true;  // from here on, the COMMIT may land whatever we hear back
-          tx.commit();
-          return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
-        } catch (const StoreError&) {
-          throw;
-        } catch (const pqxx::broken_connection& e) {
-          lease.mark_broken();
-          why = e.what();
-        } catch (const pqxx::in_doubt_error& e) {
-          lease.mark_broken();
-          why = e.what();
-        } catch (const pqxx::sql_error& e) {
-          if (!reconnectable(e)) {
-            throw_if_log_schema_error(e);
-            return std::nullopt;  // a business write refused: item by item costs only its message
-          }
-          lease.mark_broken();
-          why = e.what();
-        } catch (const std::exception&) {
-          return std::nullopt;
-        }
-      } catch (const detail::ConnectionUnavailable& e) {
-        why = e.what();
+    return commit_together(items, [&](pqxx::work& tx) {
+      // Each business write is followed by its own fenced update, checked like commit's: a
+      // business write that breaks the transaction is named, and no later item's write runs
+      // outside the transaction.
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        run_business_write(items[i].key, [&] { business(tx, i); });
+        const pqxx::result updated = fenced_update(
+            tx,
+            in_open_transaction(fenced_update_sql(items[i].key, items[i].fence, items[i].result)),
+            items[i].key);
+        if (detail::pq::affected_rows(updated) == 0) return false;  // a fence moved
       }
-      pause_or_give_up("batch commit", items.size(), attempt, why);
-    }
+      return true;
+    });
+  }
+
+  /**
+   * Like `commit_batch`, for a business write that writes every item's rows at once (one
+   * multi-row statement): runs `business(tx)` once, then marks every item committed in one
+   * fenced statement, and commits when that statement changed every item's row. All or nothing:
+   * when a fence no longer holds or `business` throws (its SQL failed included), nothing is
+   * written and the answer is nullopt — commit the items one by one instead
+   * (`Gate::process_batch` does, with a `bulk_business_write`). A business write that broke the
+   * transaction and went on throws `BusinessWriteError` naming the first item's key. After an
+   * in-doubt COMMIT it asks whether the batch landed before answering.
+   */
+  template <class BusinessWrite>
+  std::optional<std::vector<CommitStatus>> commit_bulk(std::span<const CommitItem> items,
+                                                       BusinessWrite&& business) {
+    if (items.empty()) return std::vector<CommitStatus>{};
+    const std::string update = in_open_transaction(bulk_fenced_update_sql(items));
+    return commit_together(items, [&](pqxx::work& tx) {
+      run_business_write(items[0].key, [&] { business(tx); });
+      // Sent through the checked path like every fenced update after a business write; one row
+      // per item, or a fence moved (the keys of a batch are distinct).
+      const pqxx::result updated = fenced_update(tx, update, items[0].key);
+      return detail::pq::affected_rows(updated) == static_cast<std::int64_t>(items.size());
+    });
   }
 
   /**
@@ -2068,6 +2041,83 @@ class PostgresStore {
   CommitStatus settled_earlier(Lease& lease, Transaction& tx, const std::string& key_param,
                                std::int64_t fence, RecordStatus target) {
     return settled_state(lease, tx, key_param, fence, target).value_or(CommitStatus::lost_lease);
+  }
+
+  // One transaction for `commit_batch` and `commit_bulk`: `write(tx)` runs the business writes
+  // and fenced updates and says whether every fence held; then one COMMIT. Retried on a fresh
+  // connection like `commit`, asking first, after a COMMIT that may have landed unheard, whether
+  // the batch did land (one transaction: all of it, or none).
+  template <class Write>
+  std::optional<std::vector<CommitStatus>> commit_together(std::span<const CommitItem> items,
+                                                           Write&& write) {
+    std::vector<std::string_view> keys;
+    std::vector<std::int64_t> fences;
+    for (const CommitItem& item : items) {
+      keys.push_back(item.key.view());
+      fences.push_back(item.fence);
+    }
+    const std::string key_array = detail::pq::bytea_array_param(keys);
+    const std::string fence_array = detail::pq::bigint_array_param(fences);
+    bool may_have_landed = false;
+    for (int attempt = 1;; ++attempt) {
+      std::string why;
+      try {
+        auto lease = pool_.acquire();
+        try {
+          if (may_have_landed) {
+            pqxx::nontransaction check(lease.connection());
+            const std::int64_t landed = detail::pq::int_field(
+                exec_prepared(lease, check, Statement::batch_landed, key_array, fence_array)[0][0]);
+            if (landed == static_cast<std::int64_t>(items.size()))
+              return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
+            if (landed != 0) return std::nullopt;  // fences moved meanwhile: item by item decides
+            may_have_landed = false;
+          }
+          pqxx::work tx(lease.connection());
+          if (!write(tx)) return std::nullopt;  // a fence moved: rolled back with `tx`
+          may_have_landed = true;  // from here on, the COMMIT may land whatever we hear back
+          tx.commit();
+          return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
+        } catch (const StoreError&) {
+          throw;
+        } catch (const pqxx::broken_connection& e) {
+          lease.mark_broken();
+          why = e.what();
+        } catch (const pqxx::in_doubt_error& e) {
+          lease.mark_broken();
+          why = e.what();
+        } catch (const pqxx::sql_error& e) {
+          if (!reconnectable(e)) {
+            throw_if_log_schema_error(e);
+            return std::nullopt;  // a business write refused: item by item costs only its message
+          }
+          lease.mark_broken();
+          why = e.what();
+        } catch (const std::exception&) {
+          return std::nullopt;
+        }
+      } catch (const detail::ConnectionUnavailable& e) {
+        why = e.what();
+      }
+      pause_or_give_up("batch commit", items.size(), attempt, why);
+    }
+  }
+
+  // The fenced commit update of many keys in one statement, as literals (see fenced_update): it
+  // changes one row per item whose fence still holds.
+  std::string bulk_fenced_update_sql(std::span<const CommitItem> items) const {
+    std::string sql = "UPDATE " + table_ +
+                      " AS log SET status = 'committed', result = v.result, updated_at = now()"
+                      " FROM (VALUES ";
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (i > 0) sql += ", ";
+      sql += "(" + detail::pq::bytea_literal(items[i].key.view()) + ", " +
+             std::to_string(items[i].fence) + "::bigint, " +
+             detail::pq::bytea_literal(items[i].result) + ")";
+    }
+    sql += ") AS v(key, fence, result) WHERE log.gate = '" + gate_ +
+           "' AND log.key = v.key AND log.status = 'in_flight' AND log.fence = v.fence";
+    return sql;
   }
 
   // The fenced commit update for one key, as literals (see fenced_update).

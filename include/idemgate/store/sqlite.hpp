@@ -474,6 +474,50 @@ class SqliteStore {
   }
 
   /**
+   * Commits many outcomes in one write transaction (one sync) with one business write for all of
+   * them: every item's fenced update, then `business(transaction&)` once (a multi-row write), then
+   * one COMMIT. All or nothing: when a fence no longer holds or `business` throws (its SQL failed
+   * included), nothing is written and the answer is nullopt — commit the items one by one instead
+   * (`Gate::process_batch` does, with a `bulk_business_write`). A business write that broke the
+   * store's transaction (see `commit`) throws its `BusinessWriteError`; a COMMIT that failed
+   * throws `StoreError`.
+   */
+  template <class BusinessWrite>
+  std::optional<std::vector<CommitStatus>> commit_bulk(std::span<const CommitItem> items,
+                                                       BusinessWrite&& business) {
+    if (items.empty()) return std::vector<CommitStatus>{};
+    return run("committing a batch", nullptr, [&]() -> std::optional<std::vector<CommitStatus>> {
+      begin();
+      const std::int64_t now = now_micros();
+      for (const CommitItem& item : items)
+        if (change(sql_.commit, "committing a batch", item.key, item.fence, SqliteBlob{item.result},
+                   now) == 0) {
+          rollback();  // a fence moved, or an earlier attempt committed it: item by item decides
+          return std::nullopt;
+        }
+      try {
+        auto write = [&](SqliteTransaction& tx) { business(tx); };
+        run_business(items, now, write);
+      } catch (const BusinessWriteError&) {
+        throw;
+      } catch (const std::exception&) {
+        rollback_quietly();  // the write refused: item by item costs only its own event
+        return std::nullopt;
+      }
+      try {
+        end("committing a batch");
+      } catch (const detail::sqlite::Error& e) {
+        if (e.busy()) throw;
+        throw StoreError(std::string(e.what()) + " The batch commit of " +
+                         std::to_string(items.size()) +
+                         " events could not be confirmed. Do not ack: the rows stay in flight and "
+                         "a redelivery after their lease, or the reconciler, finishes them.");
+      }
+      return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
+    });
+  }
+
+  /**
    * Marks the key committed with `result` and runs `business(transaction&)`, in one transaction,
    * only if `fence` still holds. Zero rows updated: rolled back, and `committed` is returned
    * without running `business` when this very fence already committed (a retried commit);
@@ -510,8 +554,7 @@ class SqliteStore {
     return run("committing", &key, [&] {
       begin();
       const std::int64_t now = now_micros();
-      if (change(sql_.commit, "committing", key, fence, SqliteBlob{std::string_view()}, now) ==
-          0) {
+      if (change(sql_.commit, "committing", key, fence, SqliteBlob{std::string_view()}, now) == 0) {
         const CommitStatus earlier = settled_earlier(key, fence, RecordStatus::committed);
         rollback();
         return earlier;
@@ -1466,6 +1509,15 @@ class SqliteStore {
   // still the store's own, with the row as the store wrote it, before anything may commit.
   template <class BusinessWrite>
   void run_business(const Key& key, std::int64_t fence, std::int64_t now, BusinessWrite& business) {
+    const CommitItem row{key, fence, {}};
+    run_business(std::span<const CommitItem>(&row, 1), now, business);
+  }
+
+  // The same for a business write that writes the rows of many log rows at once (`commit_bulk`);
+  // an error names the first row's key.
+  template <class BusinessWrite>
+  void run_business(std::span<const CommitItem> rows, std::int64_t now, BusinessWrite& business) {
+    const Key& key = rows.front().key;
     SqliteTransaction tx(db_.get());
     {
       const Guarding guarding(*this);
@@ -1492,7 +1544,9 @@ class SqliteStore {
     else if (!running.empty())
       cause = "it left a statement running, neither reset nor finalized (the store reset it): " +
               running;
-    else if (!left_as_written(key, fence, now))
+    else if (!std::all_of(rows.begin(), rows.end(), [&](const CommitItem& row) {
+               return left_as_written(row.key, row.fence, now);
+             }))
       cause = "the log row the store wrote in this transaction is no longer as the store wrote it";
     sqlite3_rollback_hook(db_.get(), &SqliteStore::on_rollback, shared_.get());
     if (!cause.empty())
