@@ -7,7 +7,8 @@
 // Modes, each with 4 and 16 workers (threads sharing one gate over a pool as large):
 //   gate/single_W      gate.process per delivery
 //   gate/coalesced_W   the same with GateOptions::coalesce (window 300 us)
-//   gate/batch10_W     gate.process_batch over 10 consecutive deliveries at a time
+//   gate/batch10_W     gate.process_batch over 10 consecutive deliveries at a time, its
+//                      business rows written by one bulk INSERT per batch
 //   gate/race          16 threads deliver one new event at once (its side effects must be 1)
 // Metrics per mode: events_per_s (deliveries, duplicates included, over the wall time of the
 // timed round), deliveries, distinct, side_effects, business_rows, and the answers by status;
@@ -34,14 +35,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 namespace {
-
-namespace pg = idemgate::bench::pg;
 
 // The deliveries of one mode: `events` event numbers in which `duplicate_percent` % repeat an
 // earlier event, shuffled. The generator (mulberry32) and the order of its draws are the same in
@@ -88,19 +89,29 @@ struct CountingDownstream {
 const std::string business_table = "peers_business";
 const std::string business_statement = "peers_business_insert";
 
-// The business write of one event, in the gate's commit transaction: one row per event. The
-// batch mode calls it once per item too (kept in this one function so a bulk form can replace
-// it in one place).
-void write_business(pqxx::work& tx, const idemgate::Key& key, const std::string& request,
-                    const std::string& outcome) {
-  idemgate::detail::pq::exec_prepared(tx, business_statement, pg::bytea_text(key.view()), request,
-                                      outcome);
-}
+const std::string bulk_statement = "peers_business_insert_many";
 
+// The business write, in the gate's commit transaction: one row per event. A bulk write: the
+// batch mode's commit calls it once for the batch (one multi-row INSERT over unnest), the other
+// modes once per event (the one-row INSERT).
 struct BusinessWrite {
-  void operator()(pqxx::work& tx, const idemgate::Key& key, const std::string& request,
-                  const std::string& outcome) const {
-    write_business(tx, key, request, outcome);
+  void operator()(
+      pqxx::work& tx,
+      std::span<const idemgate::CommittedEvent<std::string, std::string>> events) const {
+    if (events.size() == 1) {
+      const auto& e = events.front();
+      idemgate::exec_prepared(tx, business_statement, e.key, e.request, e.outcome);
+      return;
+    }
+    std::vector<std::string_view> keys;
+    std::vector<std::string_view> requests, outcomes;
+    for (const auto& e : events) {
+      keys.push_back(e.key.view());
+      requests.push_back(e.request);
+      outcomes.push_back(e.outcome);
+    }
+    idemgate::exec_prepared(tx, bulk_statement, idemgate::bytea_array(keys),
+                            idemgate::text_array(requests), idemgate::text_array(outcomes));
   }
 };
 
@@ -124,6 +135,10 @@ struct Gated {
       idemgate::detail::pq::prepare(
           leases.back().connection(), business_statement,
           "INSERT INTO " + business_table + " (key, request, outcome) VALUES ($1::bytea, $2, $3)");
+      idemgate::detail::pq::prepare(leases.back().connection(), bulk_statement,
+                                    "INSERT INTO " + business_table +
+                                        " (key, request, outcome) SELECT * FROM "
+                                        "unnest($1::bytea[], $2::text[], $3::text[])");
     }
   }
   idemgate::PostgresStore store;

@@ -182,22 +182,6 @@ inline std::optional<idemgate::consumer::Event<SlotRequest>> decode(std::string_
       {n->equipment_number, n->preferred_window}};
 }
 
-/// Strings as a PostgreSQL `text[]` parameter in its text form: `{"a","b"}`, each element quoted
-/// with `"` and `\` escaped.
-inline std::string text_array(const std::vector<std::string>& values) {
-  std::string out = "{";
-  for (const std::string& value : values) {
-    if (out.size() > 1) out += ',';
-    out += '"';
-    for (char c : value) {
-      if (c == '"' || c == '\\') out += '\\';
-      out += c;
-    }
-    out += '"';
-  }
-  return out + '}';
-}
-
 /// The business write: the TMS bookings of every event the gate commits at once (a batch of the
 /// broker's prefetch, or one event), in one multi-row INSERT in the transaction that records
 /// their slots.
@@ -213,7 +197,7 @@ inline void book_all(pqxx::work& tx,
   idemgate::exec_params(tx,
                         "INSERT INTO tms_bookings (container, slot)"
                         " SELECT * FROM unnest($1::text[], $2::text[])",
-                        text_array(containers), text_array(slots));
+                        idemgate::text_array(containers), idemgate::text_array(slots));
 }
 
 /// The hooks every consumer gets: the output lines, and errors on stderr.

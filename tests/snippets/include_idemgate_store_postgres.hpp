@@ -2,6 +2,8 @@
 #include <idemgate/store/postgres.hpp>
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 void SNIPPET_FUNCTION(pqxx::work& tx, const std::string& container, const std::string& slot,
                       const idemgate::Key& key) {

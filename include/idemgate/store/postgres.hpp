@@ -240,6 +240,34 @@ pqxx::result exec_prepared(Transaction& tx, const std::string& name, Args&&... a
 }
 
 /**
+ * Strings as one `text[]` parameter of `exec_params` or `exec_prepared`, so a bulk business write
+ * sends a column of the whole batch at once: `INSERT … SELECT * FROM unnest($1::text[], …)`.
+ *
+ * Example:
+ *   const std::vector<std::string> containers{container, "TGHU1234567"};
+ *   idemgate::exec_params(tx, "INSERT INTO tms_bookings (container) SELECT * FROM
+ * unnest($1::text[])", idemgate::text_array(containers));
+ */
+template <class Range>
+[[nodiscard]] std::string text_array(const Range& values) {
+  return detail::pq::text_array_param(values);
+}
+
+/**
+ * Byte strings (each event's `key.view()`, say) as one `bytea[]` parameter of `exec_params` or
+ * `exec_prepared`, for `unnest($1::bytea[])`.
+ *
+ * Example:
+ *   const std::vector<std::string_view> keys{key.view()};
+ *   idemgate::exec_params(tx, "SELECT count(*) FROM unnest($1::bytea[])",
+ * idemgate::bytea_array(keys));
+ */
+template <class Range>
+[[nodiscard]] std::string bytea_array(const Range& values) {
+  return detail::pq::bytea_array_param(values);
+}
+
+/**
  * The production store: an idempotency log in PostgreSQL, through libpqxx.
  *
  * Thread-safe: it owns a fixed pool of `PostgresOptions::pool_size` connections, and every call
