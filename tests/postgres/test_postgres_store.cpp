@@ -360,6 +360,52 @@ TEST_F(PostgresGate, ConnectionKilledBeforeCommitLeavesNoHalfStateAndTheCommitIs
   expect_no_half_state();
 }
 
+TEST_F(PostgresGate, BusinessStatementsArePreparedOnEachConnectionAndAgainAfterAReconnect) {
+  idemgate::PostgresOptions options{.table = log};
+  options.business_statements = {
+      {"test_book", "INSERT INTO " + bookings +
+                        " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)"}};
+  PostgresStore store(uri, options);
+  store.migrate();
+  FakeTerminal<> terminal;
+  std::vector<std::int64_t> prepared_there;
+  int kills = 1;
+  Gate gate{"ect.claim_slot", store, terminal,
+            [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+              prepared_there.push_back(
+                  pq::int_field(pq::exec(tx,
+                                         "SELECT count(*) FROM pg_prepared_statements WHERE name = "
+                                         "'test_book' AND from_sql = false")[0][0]));
+              idemgate::exec_prepared(tx, "test_book", r.container, slot,
+                                      pq::bytea_param(key.view()));
+              if (kills-- > 0) kill_backend(tx.conn().backendpid());
+            }};
+  // The first commit's connection dies before its COMMIT: the retry, on a fresh connection,
+  // finds the statement prepared there too.
+  const Key first = idemgate::derive_key("ect.claim_slot", "CIS-prepared-1", msku.container);
+  EXPECT_EQ(gate.process(first, msku).status(), Status::processed);
+  const Key second = idemgate::derive_key("ect.claim_slot", "CIS-prepared-2", msku.container);
+  EXPECT_EQ(gate.process(second, msku).status(), Status::processed);
+  EXPECT_EQ(prepared_there, (std::vector<std::int64_t>{1, 1, 1}));
+  EXPECT_EQ(booking_count(), 2);
+  expect_no_half_state();
+}
+
+TEST(PostgresStore, BusinessStatementsAreRefusedWhereNothingStaysPrepared) {
+  const auto refused = [](idemgate::PostgresOptions options) {
+    EXPECT_THROW(PostgresStore("postgresql://127.0.0.1:1/none", std::move(options)),
+                 std::invalid_argument);
+  };
+  refused({.pooling = idemgate::PostgresPooling::transaction,
+           .business_statements = {{"book", "INSERT INTO bookings VALUES ($1)"}}});
+  refused({.business_statements = {{"idemgate_commit", "INSERT INTO bookings VALUES ($1)"}}});
+  refused({.business_statements = {{"", "INSERT INTO bookings VALUES ($1)"}}});
+  idemgate::PostgresOptions too_many;
+  for (std::size_t i = 0; i <= idemgate::PostgresOptions::max_business_statements; ++i)
+    too_many.business_statements.emplace_back("book" + std::to_string(i), "SELECT 1");
+  refused(too_many);
+}
+
 TEST_F(PostgresGate, ConnectionKilledWithoutRetryLeavesRowInFlightUntilTheNextDelivery) {
   auto store = make_store(1, /*commit_attempts=*/1);
   FakeTerminal<> terminal;

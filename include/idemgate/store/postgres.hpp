@@ -76,6 +76,14 @@ struct PostgresOptions {
   /// reservations, each reservation also becomes a transaction of its own that sets
   /// `synchronous_commit` locally (three round trips more).
   PostgresPooling pooling = PostgresPooling::session;
+  /// Your business write's statements, as {name, SQL}: the store prepares each on a connection
+  /// right before the first commit that runs there (again after a reconnect), so the business
+  /// write runs it with `idemgate::exec_prepared(tx, name, args...)` and the server neither
+  /// parses nor plans it again per event. At most `max_business_statements`; not with
+  /// `PostgresPooling::transaction` (nothing stays prepared there).
+  std::vector<std::pair<std::string, std::string>> business_statements = {};
+  /// Most entries of `business_statements`.
+  static constexpr std::size_t max_business_statements = 16;
 
   // --- Dead connections. Each guard below goes into every connection the store opens unless
   // the connection string sets it itself (a keyword in the URI or key=value string, or a
@@ -549,7 +557,6 @@ class PostgresStore {
   CommitStatus commit(const Key& key, std::int64_t fence, std::string_view result,
                       BusinessWrite&& business) {
     const std::string key_param = detail::pq::bytea_param(key.view());
-    const std::string update = in_open_transaction(fenced_update_sql(key, fence, result));
     return with_commit_retries(key, [&](Lease& c, int attempt) -> CommitStatus {
       if (attempt > 1) {
         // The previous attempt's COMMIT may have landed before its connection broke: find out
@@ -558,6 +565,7 @@ class PostgresStore {
         if (const auto settled = settled_state(c, check, key_param, fence, RecordStatus::committed))
           return *settled;
       }
+      const std::string update = in_open_transaction(commit_update_sql(c, key, fence, result));
       pqxx::work tx(c.connection());
       // The business write goes first and the fenced update last, sent so that libpqxx checks
       // the transaction is still open: a business write that swallowed an SQL error, or ended
@@ -1365,6 +1373,7 @@ class PostgresStore {
       try {
         auto lease = pool_.acquire();
         try {
+          prepare_business_statements(lease);
           if (may_have_landed) {
             pqxx::nontransaction check(lease.connection());
             const std::int64_t landed = detail::pq::int_field(
@@ -1444,6 +1453,7 @@ class PostgresStore {
       try {
         auto lease = pool_.acquire();
         try {
+          prepare_business_statements(lease);
           if (!in_doubt.empty()) {
             // One transaction: all of it landed, or none. Ask each item's row.
             pqxx::nontransaction check(lease.connection());
@@ -1722,6 +1732,24 @@ class PostgresStore {
                              hours(24),
                              "It is how long migrate() waits for the server (default "
                              "2 min).");
+    if (options.business_statements.size() > PostgresOptions::max_business_statements)
+      throw std::invalid_argument(
+          "idemgate: PostgresOptions::business_statements holds " +
+          std::to_string(options.business_statements.size()) + " statements, more than " +
+          std::to_string(PostgresOptions::max_business_statements) +
+          "; prepare the ones every event runs, and send the others unprepared.");
+    if (!options.business_statements.empty() && options.pooling == PostgresPooling::transaction)
+      throw std::invalid_argument(
+          "idemgate: PostgresOptions::business_statements cannot be prepared behind a "
+          "transaction pooler (PostgresPooling::transaction): a statement prepared in one "
+          "transaction is not there in the next. Send them with idemgate::exec_params instead.");
+    for (const auto& [name, sql] : options.business_statements)
+      if (name.empty() || name.starts_with("idemgate_") || sql.empty())
+        throw std::invalid_argument(
+            "idemgate: PostgresOptions::business_statements needs a name and an SQL text for "
+            "each statement, and names that do not start with idemgate_ (the store's own); got "
+            "'" +
+            name + "'.");
     return options;
   }
 
@@ -1845,7 +1873,8 @@ class PostgresStore {
         return true;
       }(),
       "prepared_statements lists the statements in the order of Statement");
-  static_assert(std::size(prepared_statements) <= detail::ConnectionPool::max_prepared);
+  static_assert(std::size(prepared_statements) + PostgresOptions::max_business_statements <=
+                detail::ConnectionPool::max_prepared);
 
   // Runs one of the store's statements on the lease's connection, preparing it there first if
   // this connection has not yet: lazily, per connection, at the statement's first use — so the
@@ -1911,6 +1940,7 @@ class PostgresStore {
       try {
         auto lease = pool_.acquire();
         try {
+          prepare_business_statements(lease);
           return attempt(lease, n);
         } catch (const pqxx::broken_connection& e) {
           lease.mark_broken();
@@ -2068,6 +2098,47 @@ class PostgresStore {
   CommitStatus settled_earlier(Lease& lease, Transaction& tx, const std::string& key_param,
                                std::int64_t fence, RecordStatus target) {
     return settled_state(lease, tx, key_param, fence, target).value_or(CommitStatus::lost_lease);
+  }
+
+  // The fenced commit update of `commit` for one key: the prepared `idemgate_commit` run by an
+  // EXECUTE with the key's literals, so the server neither parses nor plans the UPDATE again for
+  // every event (it still goes through fenced_update's checked path, which takes no parameters).
+  // Behind a transaction pooler nothing is prepared: the UPDATE itself, as literals.
+  std::string commit_update_sql(Lease& lease, const Key& key, std::int64_t fence,
+                                std::string_view result) {
+    if (pooled_by_transaction()) return fenced_update_sql(key, fence, result);
+    prepare_at_once(lease, Statement::commit);
+    return "EXECUTE idemgate_commit('" + gate_ + "', " + detail::pq::bytea_literal(key.view()) +
+           ", " + std::to_string(fence) + ", " + detail::pq::bytea_literal(result) + ")";
+  }
+
+  // Prepares PostgresOptions::business_statements on the lease's connection, those not yet
+  // prepared there, before a commit's transaction opens (their bits follow the store's own).
+  void prepare_business_statements(Lease& lease) {
+    const auto& statements = options_.business_statements;
+    for (std::size_t i = 0; i < statements.size(); ++i) {
+      const std::size_t bit = static_cast<std::size_t>(Statement::count) + i;
+      if (lease.prepared(bit)) continue;
+      detail::pq::prepare_at_once(lease.connection(), statements[i].first, statements[i].second);
+      lease.set_prepared(bit);
+    }
+  }
+
+  // Prepares one of the store's statements on the lease's connection now, if this connection
+  // has not yet, for an SQL-level EXECUTE of it (libpqxx 6.4 would otherwise send it to the
+  // server only at its first exec_prepared). Called outside any transaction on the connection.
+  void prepare_at_once(Lease& lease, Statement statement) {
+    const auto index = static_cast<std::size_t>(statement);
+    if (lease.prepared(index)) return;
+    const Prepared& prepared = prepared_statements[index];
+    try {
+      detail::pq::prepare_at_once(lease.connection(), prepared.name, sql_.*prepared.sql);
+    } catch (const pqxx::undefined_table&) {
+      throw missing_table();
+    } catch (const pqxx::undefined_column&) {
+      throw outdated_table();
+    }
+    lease.set_prepared(index);
   }
 
   // The fenced commit update for one key, as literals (see fenced_update).
