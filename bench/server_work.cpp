@@ -15,11 +15,11 @@
 // Prints a table and, as its last line, one JSON object.
 
 #include "postgres_workload.hpp"
+#include "server_cpu.hpp"
 
 #include <idemgate/gate.hpp>
 #include <idemgate/store/postgres.hpp>
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -66,59 +66,9 @@ struct Flags {
   int warm_up = 200;
 };
 
-// CPU time of one process in microseconds: its own (the scheduler's count, in nanoseconds,
-// where the kernel keeps it) and, with `children`, that of its exited children it waited for
-// (clock ticks).
-double process_cpu_us(long pid, bool children) {
-  if (!children) {
-    std::ifstream schedstat("/proc/" + std::to_string(pid) + "/schedstat");
-    double on_cpu_ns = 0;
-    if (schedstat >> on_cpu_ns && on_cpu_ns > 0) return on_cpu_ns / 1000.0;
-  }
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream fields(text.substr(close + 2));
-  std::vector<std::string> f;
-  for (std::string s; fields >> s;) f.push_back(s);
-  // After the name: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14).
-  if (f.size() < 15) return 0;
-  double ticks = std::stod(f[11]) + std::stod(f[12]);
-  if (children) ticks += std::stod(f[13]) + std::stod(f[14]);
-  return ticks * 1e6 / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-long parent_of(long pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream fields(text.substr(close + 2));
-  std::string state;
-  long ppid = 0;
-  fields >> state >> ppid;
-  return ppid;
-}
-
-// Every server process's CPU so far: the postmaster with its reaped children, and the live ones.
-double server_cpu_us(long postmaster) {
-  double total = process_cpu_us(postmaster, true);
-  if (DIR* dir = ::opendir("/proc")) {
-    while (const dirent* entry = ::readdir(dir)) {
-      char* end = nullptr;
-      const long pid = std::strtol(entry->d_name, &end, 10);
-      if (*end != '\0' || pid <= 0) continue;
-      if (parent_of(pid) == postmaster) total += process_cpu_us(pid, false);
-    }
-    ::closedir(dir);
-  }
-  return total;
-}
-
 double backends_cpu_us(const std::vector<long>& pids) {
   double total = 0;
-  for (const long pid : pids) total += process_cpu_us(pid, false);
+  for (const long pid : pids) total += idemgate::bench::process_cpu_us(pid, false);
   return total;
 }
 
@@ -153,7 +103,7 @@ class Monitor {
     Snapshot s;
     s.sends = sends.load();
     s.backends_us = backends_cpu_us(backends);
-    s.server_us = server_cpu_us(flags_.postmaster);
+    s.server_us = idemgate::bench::server_cpu_us(flags_.postmaster);
     pqxx::nontransaction tx(connection_);
     s.wal = idemgate::detail::pq::int_field(
         tx.exec("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0]);

@@ -10,10 +10,13 @@
 //
 // Usage: steady_state --pg=URI [--keep-s=N] [--windows=N] [--workers=N] [--retention]
 //                     [--hold-snapshot-s=N] [--sample-s=N] [--autovacuum=default|log]
+//                     [--postmaster-pid=PID]
+//   --postmaster-pid adds the server's CPU per event to every sample (server_cpu.hpp).
 //   --autovacuum=log sets the log table's autovacuum storage parameters that docs/operations.md
 //   recommends for a log under retention before the run.
 
 #include "postgres_workload.hpp"
+#include "server_cpu.hpp"
 
 #include <idemgate/gate.hpp>
 #include <idemgate/retention.hpp>
@@ -46,6 +49,7 @@ struct Flags {
   int hold_s = 0;
   int sample_s = 0;
   std::string autovacuum = "default";
+  long postmaster = 0;
 };
 
 struct BusinessWrite {
@@ -60,7 +64,7 @@ using PgGate =
     idemgate::Gate<idemgate::PostgresStore, idemgate::bench::NoopDownstream, BusinessWrite>;
 
 struct Sample {
-  double at_s = 0, events_per_s = 0;
+  double at_s = 0, events_per_s = 0, server_cpu_us_per_event = 0;
   std::int64_t heap = 0, indexes = 0, live = 0, dead = 0, vacuums = 0;
 };
 
@@ -104,6 +108,8 @@ int main(int argc, char** argv) {
       flags.hold_s = std::atoi(hold);
     else if (const char* every = value("--sample-s"))
       flags.sample_s = std::atoi(every);
+    else if (const char* pid = value("--postmaster-pid"))
+      flags.postmaster = std::atol(pid);
     else if (const char* autovacuum = value("--autovacuum"))
       flags.autovacuum = autovacuum;
     else {
@@ -194,8 +200,12 @@ int main(int argc, char** argv) {
       });
 
     std::vector<Sample> samples;
-    std::printf("at_s\tevents_per_s\theap_bytes\tindex_bytes\tlive_rows\tdead_rows\tvacuums\n");
+    std::printf(
+        "at_s\tevents_per_s\tserver_cpu_us_per_event\theap_bytes\tindex_bytes\tlive_rows\t"
+        "dead_rows\tvacuums\n");
     std::int64_t previous_events = 0;
+    double previous_cpu =
+        flags.postmaster > 0 ? idemgate::bench::server_cpu_us(flags.postmaster) : 0;
     auto previous = started;
     for (auto next = started + std::chrono::seconds(flags.sample_s); next <= end;
          next += std::chrono::seconds(flags.sample_s)) {
@@ -206,13 +216,18 @@ int main(int argc, char** argv) {
       s.at_s = std::chrono::duration<double>(now - started).count();
       s.events_per_s = static_cast<double>(n - previous_events) /
                        std::chrono::duration<double>(now - previous).count();
+      if (flags.postmaster > 0 && n > previous_events) {
+        const double cpu = idemgate::bench::server_cpu_us(flags.postmaster);
+        s.server_cpu_us_per_event = (cpu - previous_cpu) / static_cast<double>(n - previous_events);
+        previous_cpu = cpu;
+      }
       previous_events = n;
       previous = now;
       samples.push_back(s);
-      std::printf("%.0f\t%.0f\t%lld\t%lld\t%lld\t%lld\t%lld\n", s.at_s, s.events_per_s,
-                  static_cast<long long>(s.heap), static_cast<long long>(s.indexes),
-                  static_cast<long long>(s.live), static_cast<long long>(s.dead),
-                  static_cast<long long>(s.vacuums));
+      std::printf("%.0f\t%.0f\t%.0f\t%lld\t%lld\t%lld\t%lld\t%lld\n", s.at_s, s.events_per_s,
+                  s.server_cpu_us_per_event, static_cast<long long>(s.heap),
+                  static_cast<long long>(s.indexes), static_cast<long long>(s.live),
+                  static_cast<long long>(s.dead), static_cast<long long>(s.vacuums));
       std::fflush(stdout);
       if (failed) break;
     }
@@ -222,7 +237,7 @@ int main(int argc, char** argv) {
     if (failed) return 1;
 
     // The first window fills the log; the figures are of what comes after it.
-    double rate_sum = 0;
+    double rate_sum = 0, cpu_sum = 0;
     int rate_n = 0;
     Sample first{};
     bool have_first = false;
@@ -234,6 +249,7 @@ int main(int argc, char** argv) {
         continue;
       }
       rate_sum += s.events_per_s;
+      cpu_sum += s.server_cpu_us_per_event;
       ++rate_n;
       heap_max = std::max(heap_max, s.heap);
       index_max = std::max(index_max, s.indexes);
@@ -241,14 +257,16 @@ int main(int argc, char** argv) {
     const Sample& last = samples.back();
     if (!have_first) first = samples.front();
     std::printf(
-        "{\"events_per_s\": %.0f, \"heap_bytes_after_first_windows\": %lld, "
+        "{\"events_per_s\": %.0f, \"server_cpu_us_per_event\": %.0f, "
+        "\"heap_bytes_after_first_windows\": %lld, "
         "\"index_bytes_after_first_windows\": %lld, \"heap_bytes_end\": %lld, "
         "\"index_bytes_end\": %lld, \"heap_bytes_max\": %lld, \"index_bytes_max\": %lld, "
         "\"purged\": %zu, \"retention_error\": \"%s\"}\n",
-        rate_n ? rate_sum / rate_n : 0, static_cast<long long>(first.heap),
-        static_cast<long long>(first.indexes), static_cast<long long>(last.heap),
-        static_cast<long long>(last.indexes), static_cast<long long>(heap_max),
-        static_cast<long long>(index_max), retention.purged(), retention.last_error().c_str());
+        rate_n ? rate_sum / rate_n : 0, rate_n ? cpu_sum / rate_n : 0,
+        static_cast<long long>(first.heap), static_cast<long long>(first.indexes),
+        static_cast<long long>(last.heap), static_cast<long long>(last.indexes),
+        static_cast<long long>(heap_max), static_cast<long long>(index_max), retention.purged(),
+        retention.last_error().c_str());
   } catch (const std::exception& e) {
     std::cerr << "steady_state: " << e.what() << "\n";
     return 1;

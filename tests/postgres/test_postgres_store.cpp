@@ -556,6 +556,29 @@ TEST_F(PostgresGate, PurgeMeasuresTheWindowFromWhenTheEventFinished) {
   EXPECT_EQ(store->purge(7 * 24h, 10), 1u) << "finished eight days ago: past the window";
 }
 
+TEST_F(PostgresGate, APurgeThatDeletedRowsVacuumsTheLog) {
+  auto store = make_store();
+  const std::string request = "request";
+  const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
+  for (const char* id : {"1", "2", "3"}) {
+    const Key key = idemgate::derive_key("purge vacuum", id);
+    const auto r = store->reserve(key, fingerprint, request, 1min);
+    ASSERT_EQ(store->commit(key, r.fence, "slot", [](pqxx::work&) {}),
+              idemgate::CommitStatus::committed);
+  }
+  const auto vacuums = [&] {
+    return pg_count("SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = '" + log +
+                    "'::regclass");
+  };
+  EXPECT_EQ(store->purge(7 * 24h, 10), 0u);
+  EXPECT_EQ(vacuums(), 0) << "nothing deleted, nothing to reclaim";
+  pg_exec("UPDATE " + log +
+          " SET created_at = created_at - interval '8 days',"
+          " updated_at = updated_at - interval '8 days'");
+  EXPECT_EQ(store->purge(7 * 24h, 2), 3u);
+  EXPECT_EQ(vacuums(), 1) << "the purge reclaims the space of what it deleted at once";
+}
+
 TEST_F(PostgresGate, ABatchReservedInOneStatementKeepsEachMessagesLabel) {
   auto store = make_store();
   FakeTerminal<> terminal;
