@@ -1053,9 +1053,14 @@ class PostgresStore {
                   taken_over_history() +
                   " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
                   " AND fence = $3::bigint AND lease_until < now() RETURNING fence";
+    // `status IN ('in_flight', '')` ('' is never a status) finds the same rows as `status =
+    // 'in_flight'` without implying the in-flight index's predicate: the planner then takes the
+    // row by its primary key, instead of walking that partial index, which holds an entry for
+    // every version reserved since the oldest snapshot while one is held open (2,700 buffers
+    // against 5 on a log of 100,000 such versions).
     s.commit = "UPDATE " + t +
                " SET status = 'committed', result = $4::bytea, updated_at = now()"
-               " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+               " WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')"
                " AND fence = $3::bigint";
     s.fail = "UPDATE " + t +
              " SET status = 'failed', reason = $4::text, updated_at = now(), history = " +
@@ -2163,13 +2168,14 @@ class PostgresStore {
     lease.set_prepared(index);
   }
 
-  // The fenced commit update for one key, as literals (see fenced_update).
+  // The fenced commit update for one key, as literals (see fenced_update; the status test as in
+  // Statements::commit).
   std::string fenced_update_sql(const Key& key, std::int64_t fence, std::string_view result) const {
     return "UPDATE " + table_ +
            " SET status = 'committed', result = " + detail::pq::bytea_literal(result) +
            ", updated_at = now() WHERE gate = '" + gate_ +
            "' AND key = " + detail::pq::bytea_literal(key.view()) +
-           " AND status = 'in_flight' AND fence = " + std::to_string(fence);
+           " AND status IN ('in_flight', '') AND fence = " + std::to_string(fence);
   }
 
   // `sql` behind a statement that PostgreSQL refuses outside a transaction block (the implicit
