@@ -19,13 +19,14 @@ struct Terminal {  // the downstream policy: every claim carries the idempotency
 };
 
 int main(int argc, char** argv) {
-  idemgate::PostgresStore store{argc > 1 ? argv[1] : "postgresql://localhost/app"};
+  idemgate::PostgresOptions options;  // the business write, prepared once per connection:
+  options.business_statements = {{"book_slot", "INSERT INTO tms_bookings VALUES ($1, $2)"}};
+  idemgate::PostgresStore store{argc > 1 ? argv[1] : "postgresql://localhost/app", options};
   store.migrate();
   Terminal terminal;
   idemgate::Gate gate{"ect.claim_slot", store, terminal,
                       [](pqxx::work& tx, const std::string& container, const std::string& slot) {
-                        idemgate::exec_params(tx, "INSERT INTO tms_bookings VALUES ($1, $2)",
-                                              container, slot);
+                        idemgate::exec_prepared(tx, "book_slot", container, slot);
                       }};
   // A Portbase notification, as the queue delivers it (perhaps for the third time):
   const auto key = idemgate::derive_key("ect.claim_slot", "CIS-2025-06-09-1001", "MSKU7000037");

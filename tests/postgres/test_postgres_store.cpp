@@ -360,6 +360,52 @@ TEST_F(PostgresGate, ConnectionKilledBeforeCommitLeavesNoHalfStateAndTheCommitIs
   expect_no_half_state();
 }
 
+TEST_F(PostgresGate, BusinessStatementsArePreparedOnEachConnectionAndAgainAfterAReconnect) {
+  idemgate::PostgresOptions options{.table = log};
+  options.business_statements = {
+      {"test_book", "INSERT INTO " + bookings +
+                        " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)"}};
+  PostgresStore store(uri, options);
+  store.migrate();
+  FakeTerminal<> terminal;
+  std::vector<std::int64_t> prepared_there;
+  int kills = 1;
+  Gate gate{"ect.claim_slot", store, terminal,
+            [&](pqxx::work& tx, const Key& key, const SlotRequest& r, const std::string& slot) {
+              prepared_there.push_back(
+                  pq::int_field(pq::exec(tx,
+                                         "SELECT count(*) FROM pg_prepared_statements WHERE name = "
+                                         "'test_book' AND from_sql = false")[0][0]));
+              idemgate::exec_prepared(tx, "test_book", r.container, slot,
+                                      pq::bytea_param(key.view()));
+              if (kills-- > 0) kill_backend(tx.conn().backendpid());
+            }};
+  // The first commit's connection dies before its COMMIT: the retry, on a fresh connection,
+  // finds the statement prepared there too.
+  const Key first = idemgate::derive_key("ect.claim_slot", "CIS-prepared-1", msku.container);
+  EXPECT_EQ(gate.process(first, msku).status(), Status::processed);
+  const Key second = idemgate::derive_key("ect.claim_slot", "CIS-prepared-2", msku.container);
+  EXPECT_EQ(gate.process(second, msku).status(), Status::processed);
+  EXPECT_EQ(prepared_there, (std::vector<std::int64_t>{1, 1, 1}));
+  EXPECT_EQ(booking_count(), 2);
+  expect_no_half_state();
+}
+
+TEST(PostgresStore, BusinessStatementsAreRefusedWhereNothingStaysPrepared) {
+  const auto refused = [](idemgate::PostgresOptions options) {
+    EXPECT_THROW(PostgresStore("postgresql://127.0.0.1:1/none", std::move(options)),
+                 std::invalid_argument);
+  };
+  refused({.pooling = idemgate::PostgresPooling::transaction,
+           .business_statements = {{"book", "INSERT INTO bookings VALUES ($1)"}}});
+  refused({.business_statements = {{"idemgate_commit", "INSERT INTO bookings VALUES ($1)"}}});
+  refused({.business_statements = {{"", "INSERT INTO bookings VALUES ($1)"}}});
+  idemgate::PostgresOptions too_many;
+  for (std::size_t i = 0; i <= idemgate::PostgresOptions::max_business_statements; ++i)
+    too_many.business_statements.emplace_back("book" + std::to_string(i), "SELECT 1");
+  refused(too_many);
+}
+
 TEST_F(PostgresGate, ConnectionKilledWithoutRetryLeavesRowInFlightUntilTheNextDelivery) {
   auto store = make_store(1, /*commit_attempts=*/1);
   FakeTerminal<> terminal;
@@ -508,6 +554,29 @@ TEST_F(PostgresGate, PurgeMeasuresTheWindowFromWhenTheEventFinished) {
       << "still answered as a duplicate";
   pg_exec("UPDATE " + log + " SET updated_at = updated_at - interval '8 days'");
   EXPECT_EQ(store->purge(7 * 24h, 10), 1u) << "finished eight days ago: past the window";
+}
+
+TEST_F(PostgresGate, APurgeThatDeletedRowsVacuumsTheLog) {
+  auto store = make_store();
+  const std::string request = "request";
+  const idemgate::Fingerprint fingerprint = idemgate::detail::sha256(request);
+  for (const char* id : {"1", "2", "3"}) {
+    const Key key = idemgate::derive_key("purge vacuum", id);
+    const auto r = store->reserve(key, fingerprint, request, 1min);
+    ASSERT_EQ(store->commit(key, r.fence, "slot", [](pqxx::work&) {}),
+              idemgate::CommitStatus::committed);
+  }
+  const auto vacuums = [&] {
+    return pg_count("SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = '" + log +
+                    "'::regclass");
+  };
+  EXPECT_EQ(store->purge(7 * 24h, 10), 0u);
+  EXPECT_EQ(vacuums(), 0) << "nothing deleted, nothing to reclaim";
+  pg_exec("UPDATE " + log +
+          " SET created_at = created_at - interval '8 days',"
+          " updated_at = updated_at - interval '8 days'");
+  EXPECT_EQ(store->purge(7 * 24h, 2), 3u);
+  EXPECT_EQ(vacuums(), 1) << "the purge reclaims the space of what it deleted at once";
 }
 
 TEST_F(PostgresGate, ABatchReservedInOneStatementKeepsEachMessagesLabel) {

@@ -204,6 +204,17 @@ inline void prepare(pqxx::connection& connection, const std::string& name, const
   connection.prepare(name, sql);
 }
 
+/// Prepares a statement on a connection and sends it to the server now, on every version (6.4
+/// would send it only at its first use), so that an SQL-level `EXECUTE` finds it. Call it
+/// outside any transaction on the connection.
+inline void prepare_at_once(pqxx::connection& connection, const std::string& name,
+                            const std::string& sql) {
+  connection.prepare(name, sql);
+#if PQXX_VERSION_MAJOR < 7
+  connection.prepare_now(name);
+#endif
+}
+
 /// Rows a command touched.
 inline std::int64_t affected_rows(const pqxx::result& result) {
   return static_cast<std::int64_t>(result.affected_rows());

@@ -1,0 +1,371 @@
+// Where the server's work goes per gated event, beside a bare business-INSERT transaction
+// (scripts/bench --server-work). One worker, one event at a time, every event new:
+//   gate   gate.process with one business INSERT (prepared) in the commit transaction
+//   relaxed  the same gate with PostgresOptions::relaxed_reservations
+//   bare   BEGIN, the same prepared INSERT, COMMIT, on one connection of the same driver
+// Per event and per kind: the server's CPU (every server process, the exited ones included
+// through the postmaster's children's times), the CPU of the client backends alone, WAL bytes
+// (pg_current_wal_lsn before and after), round trips (send() calls of this process on the
+// server's sockets: libpq sends each request, or each batch of requests it sends together, with
+// one call), statements, plan and execution time (pg_stat_statements), and the log's updates
+// that were HOT (pg_stat_user_tables). Kinds alternate over rounds, each on fresh connections
+// after untimed warm-up events; figures are medians over rounds.
+//
+// Usage: server_work --pg=URI --postmaster-pid=PID [--events=N] [--rounds=N] [--warm-up=N]
+// Prints a table and, as its last line, one JSON object.
+
+#include "postgres_workload.hpp"
+#include "server_cpu.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/store/postgres.hpp>
+
+#include <dlfcn.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+std::atomic<std::uint64_t> sends{0};
+
+}  // namespace
+
+// libpq writes every request with send(): counting the calls counts the round trips of a
+// client that waits for each answer (the program is linked with its symbols exported, so this
+// definition comes before the C library's).
+extern "C" ssize_t send(int fd, const void* buffer, size_t length, int flags) {
+  using Send = ssize_t (*)(int, const void*, size_t, int);
+  static const auto real = reinterpret_cast<Send>(dlsym(RTLD_NEXT, "send"));
+  sends.fetch_add(1, std::memory_order_relaxed);
+  return real(fd, buffer, length, flags);
+}
+
+namespace {
+
+namespace pg = idemgate::bench::pg;
+
+struct Flags {
+  std::string uri;
+  long postmaster = 0;
+  int events = 2000;
+  int rounds = 3;
+  int warm_up = 200;
+};
+
+double backends_cpu_us(const std::vector<long>& pids) {
+  double total = 0;
+  for (const long pid : pids) total += idemgate::bench::process_cpu_us(pid, false);
+  return total;
+}
+
+struct Snapshot {
+  double server_us = 0;
+  double backends_us = 0;
+  std::int64_t wal = 0;
+  std::uint64_t sends = 0;
+  std::int64_t updates = 0;
+  std::int64_t hot_updates = 0;
+};
+
+// What the monitor session reads; it is not part of what is measured.
+class Monitor {
+ public:
+  explicit Monitor(const Flags& flags) : flags_(flags), connection_(flags.uri) {
+    pqxx::nontransaction tx(connection_);
+    tx.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+  }
+
+  std::vector<long> client_backends() {
+    pqxx::nontransaction tx(connection_);
+    std::vector<long> pids;
+    for (const auto& row :
+         tx.exec("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                 " AND pid <> pg_backend_pid()"))
+      pids.push_back(static_cast<long>(idemgate::detail::pq::int_field(row[0])));
+    return pids;
+  }
+
+  Snapshot take(const std::vector<long>& backends) {
+    Snapshot s;
+    s.sends = sends.load();
+    s.backends_us = backends_cpu_us(backends);
+    s.server_us = idemgate::bench::server_cpu_us(flags_.postmaster);
+    pqxx::nontransaction tx(connection_);
+    s.wal = idemgate::detail::pq::int_field(
+        tx.exec("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0]);
+    const pqxx::result t = tx.exec(
+        "SELECT coalesce(sum(n_tup_upd), 0)::bigint, coalesce(sum(n_tup_hot_upd), 0)::bigint"
+        " FROM pg_stat_user_tables WHERE relname = '" +
+        pg::log_table + "'");
+    s.updates = idemgate::detail::pq::int_field(t[0][0]);
+    s.hot_updates = idemgate::detail::pq::int_field(t[0][1]);
+    return s;
+  }
+
+  void reset_statements() {
+    pqxx::nontransaction tx(connection_);
+    tx.exec("SELECT pg_stat_statements_reset()");
+  }
+
+  // The statements since the reset, except the monitor's own.
+  pqxx::result statements() {
+    pqxx::nontransaction tx(connection_);
+    return tx.exec(
+        "SELECT calls, total_plan_time, total_exec_time, wal_bytes::bigint, rows,"
+        " regexp_replace(left(query, 90), '\\s+', ' ', 'g') FROM pg_stat_statements"
+        " WHERE query NOT LIKE '%pg_stat%' AND query NOT LIKE '%pg_current_wal_lsn%'"
+        " AND query NOT LIKE '%pg_backend_pid%' ORDER BY total_exec_time + total_plan_time DESC");
+  }
+
+ private:
+  const Flags& flags_;
+  pqxx::connection connection_;
+};
+
+struct BusinessWrite {
+  void operator()(pqxx::work& tx, const idemgate::Key& key, const std::string&,
+                  const std::string& outcome) const {
+    pg::write_business(tx, key, outcome);
+  }
+};
+
+using PgGate =
+    idemgate::Gate<idemgate::PostgresStore, idemgate::bench::NoopDownstream, BusinessWrite>;
+
+// One event source: the gate over a fresh store, or the bare transaction on a fresh connection.
+class Source {
+ public:
+  virtual ~Source() = default;
+  virtual void event(const idemgate::Key& key) = 0;
+};
+
+class GateSource : public Source {
+ public:
+  GateSource(const std::string& uri, bool relaxed)
+      : store_(
+            uri,
+            [relaxed] {
+              idemgate::PostgresOptions options;
+              options.table = pg::log_table;
+              options.relaxed_reservations = relaxed;
+              options.business_statements = {{pg::business_statement, pg::business_insert_sql()}};
+              return options;
+            }()),
+        gate_(pg::gate_name, store_, downstream_, BusinessWrite{}) {}
+  void event(const idemgate::Key& key) override {
+    idemgate::bench::expect_processed(gate_.process(key, idemgate::bench::request()));
+  }
+
+ private:
+  idemgate::PostgresStore store_;
+  idemgate::bench::NoopDownstream downstream_;
+  PgGate gate_;
+};
+
+class BareSource : public Source {
+ public:
+  explicit BareSource(const std::string& uri) : connection_(uri) {
+    idemgate::detail::pq::prepare(connection_, pg::business_statement, pg::business_insert_sql());
+  }
+  void event(const idemgate::Key& key) override {
+    pqxx::work tx(connection_);
+    pg::write_business(tx, key, idemgate::bench::outcome());
+    tx.commit();
+  }
+
+ private:
+  pqxx::connection connection_;
+};
+
+struct StatementLine {
+  double calls = 0, plan_ms = 0, exec_ms = 0, wal = 0, rows = 0;
+};
+
+struct Figures {
+  double server_us = 0, backends_us = 0, wal = 0, round_trips = 0, statements = 0, plan_us = 0,
+         exec_us = 0, hot_fraction = -1;
+  std::map<std::string, StatementLine> lines;  // per event
+};
+
+Figures measure(const Flags& flags, Monitor& monitor, const std::string& kind) {
+  idemgate::bench::KeySource keys;
+  std::unique_ptr<Source> source;
+  if (kind == "gate" || kind == "relaxed")
+    source = std::make_unique<GateSource>(flags.uri, kind == "relaxed");
+  else
+    source = std::make_unique<BareSource>(flags.uri);
+  for (int i = 0; i < flags.warm_up; ++i) source->event(keys.next("bench.server_work"));
+  const std::vector<long> backends = monitor.client_backends();
+  // Statistics of the warm-up reach the shared counters before the first snapshot.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  monitor.reset_statements();
+  const Snapshot before = monitor.take(backends);
+  for (int i = 0; i < flags.events; ++i) source->event(keys.next("bench.server_work"));
+  const std::uint64_t sent = sends.load() - before.sends;
+  const double backends_us = backends_cpu_us(backends) - before.backends_us;
+  // Closing the connections makes their backends flush their table statistics.
+  source.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const Snapshot after = monitor.take({});
+  const double n = flags.events;
+  Figures f;
+  f.server_us = (after.server_us - before.server_us) / n;
+  f.backends_us = backends_us / n;
+  f.wal = static_cast<double>(after.wal - before.wal) / n;
+  f.round_trips = static_cast<double>(sent) / n;
+  const auto updates = after.updates - before.updates;
+  if (updates > 0)
+    f.hot_fraction =
+        static_cast<double>(after.hot_updates - before.hot_updates) / static_cast<double>(updates);
+  for (const auto& row : monitor.statements()) {
+    StatementLine line;
+    line.calls = static_cast<double>(idemgate::detail::pq::int_field(row[0])) / n;
+    line.plan_ms = std::stod(row[1].c_str()) / n;
+    line.exec_ms = std::stod(row[2].c_str()) / n;
+    line.wal = static_cast<double>(idemgate::detail::pq::int_field(row[3])) / n;
+    line.rows = static_cast<double>(idemgate::detail::pq::int_field(row[4])) / n;
+    f.statements += line.calls;
+    f.plan_us += line.plan_ms * 1000;
+    f.exec_us += line.exec_ms * 1000;
+    f.lines[row[5].c_str()] = line;
+  }
+  return f;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// The median over rounds of one figure.
+template <class Get>
+double over_rounds(const std::vector<Figures>& rounds, Get get) {
+  std::vector<double> v;
+  for (const Figures& f : rounds) v.push_back(get(f));
+  return median(v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&](const std::string& name) -> const char* {
+      return arg.rfind(name + "=", 0) == 0 ? argv[i] + name.size() + 1 : nullptr;
+    };
+    if (const char* uri = value("--pg"))
+      flags.uri = uri;
+    else if (const char* pid = value("--postmaster-pid"))
+      flags.postmaster = std::atol(pid);
+    else if (const char* events = value("--events"))
+      flags.events = std::atoi(events);
+    else if (const char* rounds = value("--rounds"))
+      flags.rounds = std::atoi(rounds);
+    else if (const char* warm_up = value("--warm-up"))
+      flags.warm_up = std::atoi(warm_up);
+    else {
+      std::cerr << "unknown argument " << arg
+                << "; usage: server_work --pg=URI --postmaster-pid=PID [--events=N] "
+                   "[--rounds=N] [--warm-up=N]\n";
+      return 2;
+    }
+  }
+  if (flags.uri.empty() || flags.postmaster <= 0 || flags.events <= 0 || flags.rounds <= 0) {
+    std::cerr << "server_work needs --pg=URI and --postmaster-pid=PID\n";
+    return 2;
+  }
+  try {
+    {
+      idemgate::PostgresOptions options;
+      options.table = pg::log_table;
+      idemgate::PostgresStore store(flags.uri, options);
+      store.migrate();
+      pqxx::connection c(flags.uri);
+      pqxx::nontransaction tx(c);
+      tx.exec(pg::business_schema_sql());
+    }
+    Monitor monitor(flags);
+    std::map<std::string, std::vector<Figures>> rounds;
+    for (int r = 0; r < flags.rounds; ++r) {
+      // Who goes first alternates, so a drift within a round favours neither.
+      for (const std::string& kind : r % 2 ? std::vector<std::string>{"bare", "relaxed", "gate"}
+                                           : std::vector<std::string>{"gate", "relaxed", "bare"}) {
+        rounds[kind].push_back(measure(flags, monitor, kind));
+        std::cerr << "round " << r + 1 << " " << kind << ": " << rounds[kind].back().server_us
+                  << " us server CPU per event\n";
+      }
+    }
+    std::map<std::string, Figures> m;
+    for (const auto& [kind, figures] : rounds) {
+      Figures& f = m[kind];
+      f.server_us = over_rounds(figures, [](const Figures& x) { return x.server_us; });
+      f.backends_us = over_rounds(figures, [](const Figures& x) { return x.backends_us; });
+      f.wal = over_rounds(figures, [](const Figures& x) { return x.wal; });
+      f.round_trips = over_rounds(figures, [](const Figures& x) { return x.round_trips; });
+      f.statements = over_rounds(figures, [](const Figures& x) { return x.statements; });
+      f.plan_us = over_rounds(figures, [](const Figures& x) { return x.plan_us; });
+      f.exec_us = over_rounds(figures, [](const Figures& x) { return x.exec_us; });
+      f.hot_fraction = over_rounds(figures, [](const Figures& x) { return x.hot_fraction; });
+      f.lines = figures.back().lines;
+    }
+    std::printf("per event, median of %d rounds of %d events (after %d untimed)\n", flags.rounds,
+                flags.events, flags.warm_up);
+    std::printf("%-6s %14s %14s %10s %12s %11s %9s %9s\n", "kind", "server_cpu_us",
+                "backend_cpu_us", "wal_bytes", "round_trips", "statements", "plan_us", "exec_us");
+    for (const auto& [kind, f] : m)
+      std::printf("%-6s %14.1f %14.1f %10.0f %12.2f %11.2f %9.1f %9.1f\n", kind.c_str(),
+                  f.server_us, f.backends_us, f.wal, f.round_trips, f.statements, f.plan_us,
+                  f.exec_us);
+    for (const auto& [kind, f] : m) {
+      std::printf("\n%s: statements per event (last round)\n", kind.c_str());
+      std::printf("%6s %8s %8s %8s %6s  %s\n", "calls", "plan_us", "exec_us", "wal_B", "rows",
+                  "query");
+      for (const auto& [query, line] : f.lines)
+        std::printf("%6.2f %8.1f %8.1f %8.0f %6.2f  %s\n", line.calls, line.plan_ms * 1000,
+                    line.exec_ms * 1000, line.wal, line.rows, query.c_str());
+    }
+    if (m["gate"].hot_fraction >= 0)
+      std::printf("\nHOT updates of the log: %.0f %% of its updates\n",
+                  m["gate"].hot_fraction * 100);
+    const Figures& g = m["gate"];
+    const Figures& b = m["bare"];
+    const Figures& x = m["relaxed"];
+    std::printf(
+        "{\"server_cpu_us_per_event\": %.1f, \"bare_server_cpu_us_per_event\": %.1f, "
+        "\"server_cpu_per_event_vs_bare\": %.2f, \"backend_cpu_us_per_event\": %.1f, "
+        "\"bare_backend_cpu_us_per_event\": %.1f, \"wal_bytes_per_event\": %.0f, "
+        "\"bare_wal_bytes_per_event\": %.0f, \"wal_bytes_per_event_vs_bare\": %.2f, "
+        "\"round_trips_per_event\": %.2f, \"bare_round_trips_per_event\": %.2f, "
+        "\"statements_per_event\": %.2f, \"bare_statements_per_event\": %.2f, "
+        "\"plan_us_per_event\": %.1f, \"exec_us_per_event\": %.1f, "
+        "\"bare_plan_us_per_event\": %.1f, \"bare_exec_us_per_event\": %.1f, "
+        "\"log_hot_update_fraction\": %.2f, \"relaxed_server_cpu_us_per_event\": %.1f, "
+        "\"relaxed_server_cpu_per_event_vs_bare\": %.2f, \"relaxed_wal_bytes_per_event\": %.0f, "
+        "\"relaxed_round_trips_per_event\": %.2f}\n",
+        g.server_us, b.server_us, b.server_us > 0 ? g.server_us / b.server_us : 0, g.backends_us,
+        b.backends_us, g.wal, b.wal, b.wal > 0 ? g.wal / b.wal : 0, g.round_trips, b.round_trips,
+        g.statements, b.statements, g.plan_us, g.exec_us, b.plan_us, b.exec_us, g.hot_fraction,
+        x.server_us, b.server_us > 0 ? x.server_us / b.server_us : 0, x.wal, x.round_trips);
+  } catch (const std::exception& e) {
+    std::cerr << "server_work: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,275 @@
+// A steady state over time (scripts/bench --steady-state): worker threads process new events
+// through one gate as fast as it goes, for `--windows` retention windows of `--keep-s` seconds,
+// while (with --retention) `Retention` purges every second what is older than the window, and
+// (with --hold-snapshot-s) another session holds a REPEATABLE READ snapshot open from the end of
+// the first window on, which keeps vacuum from removing any row deleted or updated after it.
+// Every sample prints the events per second since the previous one, the log's heap and index
+// sizes (pg_relation_size, pg_indexes_size), its live and dead rows and its vacuums; the last line
+// is one JSON object with the throughput after the first window and the sizes at its end and at
+// the end of the run.
+//
+// Usage: steady_state --pg=URI [--keep-s=N] [--windows=N] [--workers=N] [--retention]
+//                     [--hold-snapshot-s=N] [--sample-s=N] [--autovacuum=default|log]
+//                     [--postmaster-pid=PID]
+//   --postmaster-pid adds the server's CPU per event to every sample (server_cpu.hpp).
+//   --autovacuum=log sets the log table's autovacuum storage parameters that docs/operations.md
+//   recommends for a log under retention before the run.
+
+#include "postgres_workload.hpp"
+#include "server_cpu.hpp"
+
+#include <idemgate/gate.hpp>
+#include <idemgate/retention.hpp>
+#include <idemgate/store/postgres.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace pg = idemgate::bench::pg;
+
+const std::string table = "steady_log";
+const std::string business = "steady_business";
+
+struct Flags {
+  std::string uri;
+  int keep_s = 10;
+  int windows = 10;
+  int workers = 4;
+  bool retention = false;
+  int hold_s = 0;
+  int sample_s = 0;
+  std::string autovacuum = "default";
+  long postmaster = 0;
+};
+
+struct BusinessWrite {
+  void operator()(pqxx::work& tx, const idemgate::Key& key, const std::string&,
+                  const std::string& outcome) const {
+    idemgate::detail::pq::exec_prepared(tx, "steady_business_insert", pg::bytea_text(key.view()),
+                                        outcome);
+  }
+};
+
+using PgGate =
+    idemgate::Gate<idemgate::PostgresStore, idemgate::bench::NoopDownstream, BusinessWrite>;
+
+struct Sample {
+  double at_s = 0, events_per_s = 0, server_cpu_us_per_event = 0;
+  std::int64_t heap = 0, indexes = 0, live = 0, dead = 0, vacuums = 0;
+};
+
+Sample sample(pqxx::connection& monitor) {
+  pqxx::nontransaction tx(monitor);
+  const pqxx::result r = tx.exec(
+      "SELECT pg_relation_size('" + table + "'), pg_indexes_size('" + table +
+      "'), coalesce(n_live_tup, 0), coalesce(n_dead_tup, 0),"
+      " coalesce(autovacuum_count + vacuum_count, 0) FROM pg_stat_user_tables WHERE relname = '" +
+      table + "'");
+  Sample s;
+  if (r.empty()) return s;
+  s.heap = idemgate::detail::pq::int_field(r[0][0]);
+  s.indexes = idemgate::detail::pq::int_field(r[0][1]);
+  s.live = idemgate::detail::pq::int_field(r[0][2]);
+  s.dead = idemgate::detail::pq::int_field(r[0][3]);
+  s.vacuums = idemgate::detail::pq::int_field(r[0][4]);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&](const std::string& name) -> const char* {
+      return arg.rfind(name + "=", 0) == 0 ? argv[i] + name.size() + 1 : nullptr;
+    };
+    if (const char* uri = value("--pg"))
+      flags.uri = uri;
+    else if (const char* keep = value("--keep-s"))
+      flags.keep_s = std::atoi(keep);
+    else if (const char* windows = value("--windows"))
+      flags.windows = std::atoi(windows);
+    else if (const char* workers = value("--workers"))
+      flags.workers = std::atoi(workers);
+    else if (arg == "--retention")
+      flags.retention = true;
+    else if (const char* hold = value("--hold-snapshot-s"))
+      flags.hold_s = std::atoi(hold);
+    else if (const char* every = value("--sample-s"))
+      flags.sample_s = std::atoi(every);
+    else if (const char* pid = value("--postmaster-pid"))
+      flags.postmaster = std::atol(pid);
+    else if (const char* autovacuum = value("--autovacuum"))
+      flags.autovacuum = autovacuum;
+    else {
+      std::cerr << "unknown argument " << arg << " (see the head of bench/steady_state.cpp)\n";
+      return 2;
+    }
+  }
+  if (flags.uri.empty() || flags.keep_s < 1 || flags.windows < 2 || flags.workers < 1 ||
+      (flags.autovacuum != "default" && flags.autovacuum != "log")) {
+    std::cerr << "steady_state needs --pg=URI, --keep-s >= 1, --windows >= 2, --workers >= 1, "
+                 "--autovacuum=default|log\n";
+    return 2;
+  }
+  if (flags.sample_s <= 0) flags.sample_s = std::max(1, flags.keep_s / 2);
+  try {
+    pqxx::connection monitor(flags.uri);
+    {
+      pqxx::nontransaction tx(monitor);
+      tx.exec("DROP TABLE IF EXISTS " + table + ", " + table + "_mismatches, " + business);
+      tx.exec("CREATE TABLE " + business +
+              " (key bytea PRIMARY KEY, outcome text NOT NULL, created_at timestamptz NOT NULL "
+              "DEFAULT now())");
+    }
+    idemgate::PostgresOptions options;
+    options.table = table;
+    options.pool_size = static_cast<std::size_t>(flags.workers) + 1;
+    options.business_statements = {
+        {"steady_business_insert",
+         "INSERT INTO " + business + " (key, outcome) VALUES ($1::bytea, $2::text)"}};
+    idemgate::PostgresStore store(flags.uri, options);
+    store.migrate();
+    if (flags.autovacuum == "log") {
+      pqxx::nontransaction tx(monitor);
+      tx.exec("ALTER TABLE " + table +
+              " SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,"
+              " autovacuum_vacuum_insert_scale_factor = 0,"
+              " autovacuum_vacuum_insert_threshold = 10000, autovacuum_vacuum_cost_delay = 0)");
+    }
+    idemgate::bench::NoopDownstream downstream;
+    PgGate gate(pg::gate_name, store, downstream, BusinessWrite{});
+    idemgate::RetentionOptions retention_options;
+    retention_options.keep = std::chrono::seconds(flags.keep_s);
+    retention_options.interval = std::chrono::seconds(1);
+    retention_options.batch = 1000;
+    idemgate::Retention retention(gate.store(), retention_options);
+
+    using clock = std::chrono::steady_clock;
+    const auto window = std::chrono::seconds(flags.keep_s);
+    const auto started = clock::now();
+    const auto end = started + window * flags.windows;
+    std::atomic<std::int64_t> events{0};
+    std::atomic<bool> failed{false};
+    std::vector<std::thread> workers;
+    for (int w = 0; w < flags.workers; ++w)
+      workers.emplace_back([&] {
+        idemgate::bench::KeySource keys;
+        try {
+          while (clock::now() < end && !failed) {
+            idemgate::bench::expect_processed(
+                gate.process(keys.next("bench.steady"), idemgate::bench::request()));
+            events.fetch_add(1, std::memory_order_relaxed);
+          }
+        } catch (const std::exception& e) {
+          std::cerr << "steady_state worker: " << e.what() << "\n";
+          failed = true;
+        }
+      });
+    if (flags.retention) retention.start();
+    std::thread holder;
+    if (flags.hold_s > 0)
+      holder = std::thread([&] {
+        std::this_thread::sleep_until(started + window);
+        try {
+          pqxx::connection c(flags.uri);
+          pqxx::work tx(c);
+          tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+          tx.exec("SELECT count(*) FROM pg_class");
+          std::fprintf(stderr, "snapshot taken at %.0f s, held for %d s\n",
+                       std::chrono::duration<double>(clock::now() - started).count(), flags.hold_s);
+          std::this_thread::sleep_until(
+              std::min(end, clock::now() + std::chrono::seconds(flags.hold_s)));
+          tx.commit();
+          std::fprintf(stderr, "snapshot released at %.0f s\n",
+                       std::chrono::duration<double>(clock::now() - started).count());
+        } catch (const std::exception& e) {
+          std::cerr << "steady_state snapshot holder: " << e.what() << "\n";
+        }
+      });
+
+    std::vector<Sample> samples;
+    std::printf(
+        "at_s\tevents_per_s\tserver_cpu_us_per_event\theap_bytes\tindex_bytes\tlive_rows\t"
+        "dead_rows\tvacuums\n");
+    std::int64_t previous_events = 0;
+    double previous_cpu =
+        flags.postmaster > 0 ? idemgate::bench::server_cpu_us(flags.postmaster) : 0;
+    auto previous = started;
+    for (auto next = started + std::chrono::seconds(flags.sample_s); next <= end;
+         next += std::chrono::seconds(flags.sample_s)) {
+      std::this_thread::sleep_until(next);
+      const auto now = clock::now();
+      const std::int64_t n = events.load();
+      Sample s = sample(monitor);
+      s.at_s = std::chrono::duration<double>(now - started).count();
+      s.events_per_s = static_cast<double>(n - previous_events) /
+                       std::chrono::duration<double>(now - previous).count();
+      if (flags.postmaster > 0 && n > previous_events) {
+        const double cpu = idemgate::bench::server_cpu_us(flags.postmaster);
+        s.server_cpu_us_per_event = (cpu - previous_cpu) / static_cast<double>(n - previous_events);
+        previous_cpu = cpu;
+      }
+      previous_events = n;
+      previous = now;
+      samples.push_back(s);
+      std::printf("%.0f\t%.0f\t%.0f\t%lld\t%lld\t%lld\t%lld\t%lld\n", s.at_s, s.events_per_s,
+                  s.server_cpu_us_per_event, static_cast<long long>(s.heap),
+                  static_cast<long long>(s.indexes), static_cast<long long>(s.live),
+                  static_cast<long long>(s.dead), static_cast<long long>(s.vacuums));
+      std::fflush(stdout);
+      if (failed) break;
+    }
+    for (std::thread& t : workers) t.join();
+    if (holder.joinable()) holder.join();
+    retention.stop();
+    if (failed) return 1;
+
+    // The first window fills the log; the figures are of what comes after it.
+    double rate_sum = 0, cpu_sum = 0;
+    int rate_n = 0;
+    Sample first{};
+    bool have_first = false;
+    std::int64_t heap_max = 0, index_max = 0;
+    for (const Sample& s : samples) {
+      if (s.at_s < flags.keep_s * 2 - 0.5) {
+        first = s;
+        have_first = true;
+        continue;
+      }
+      rate_sum += s.events_per_s;
+      cpu_sum += s.server_cpu_us_per_event;
+      ++rate_n;
+      heap_max = std::max(heap_max, s.heap);
+      index_max = std::max(index_max, s.indexes);
+    }
+    const Sample& last = samples.back();
+    if (!have_first) first = samples.front();
+    std::printf(
+        "{\"events_per_s\": %.0f, \"server_cpu_us_per_event\": %.0f, "
+        "\"heap_bytes_after_first_windows\": %lld, "
+        "\"index_bytes_after_first_windows\": %lld, \"heap_bytes_end\": %lld, "
+        "\"index_bytes_end\": %lld, \"heap_bytes_max\": %lld, \"index_bytes_max\": %lld, "
+        "\"purged\": %zu, \"retention_error\": \"%s\"}\n",
+        rate_n ? rate_sum / rate_n : 0, rate_n ? cpu_sum / rate_n : 0,
+        static_cast<long long>(first.heap), static_cast<long long>(first.indexes),
+        static_cast<long long>(last.heap), static_cast<long long>(last.indexes),
+        static_cast<long long>(heap_max), static_cast<long long>(index_max), retention.purged(),
+        retention.last_error().c_str());
+  } catch (const std::exception& e) {
+    std::cerr << "steady_state: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
