@@ -253,8 +253,9 @@ pqxx::result exec_prepared(Transaction& tx, const std::string& name, Args&&... a
  *
  * Example:
  *   const std::vector<std::string> containers{container, "TGHU1234567"};
- *   idemgate::exec_params(tx, "INSERT INTO tms_bookings (container) SELECT * FROM
- * unnest($1::text[])", idemgate::text_array(containers));
+ *   idemgate::exec_params(tx, "INSERT INTO tms_bookings (container)"
+ *                             " SELECT * FROM unnest($1::text[])",
+ *                         idemgate::text_array(containers));
  */
 template <class Range>
 [[nodiscard]] std::string text_array(const Range& values) {
@@ -268,7 +269,7 @@ template <class Range>
  * Example:
  *   const std::vector<std::string_view> keys{key.view()};
  *   idemgate::exec_params(tx, "SELECT count(*) FROM unnest($1::bytea[])",
- * idemgate::bytea_array(keys));
+ *                         idemgate::bytea_array(keys));
  */
 template <class Range>
 [[nodiscard]] std::string bytea_array(const Range& values) {
