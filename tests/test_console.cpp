@@ -174,6 +174,8 @@ TEST_F(ConsoleOverHttp, TheBearerTokenOpensTheApi) {
   EXPECT_GE(s["duplicates"].get<int>(), 3);
   EXPECT_TRUE(s["health"].contains("healthy"));
   EXPECT_TRUE(s["oldest_in_flight_seconds"].is_null());
+  EXPECT_TRUE(s["oldest_snapshot_seconds"].is_null()) << "the console's store cannot tell";
+  EXPECT_FALSE(s["health"]["old_snapshot"].get<bool>());
 
   const auto queue = c.Get(api("escalated"), bearer());
   ASSERT_TRUE(queue);

@@ -187,7 +187,10 @@ TEST(RegistryObserver, EverySeriesExistsAtZeroBeforeTheFirstEvent) {
   EXPECT_EQ(counter(registry, "idemgate_events_total", {{"result", "lost_lease"}}), 0);
   EXPECT_EQ(counter(registry, "idemgate_reconciled_total"), 0);
   EXPECT_EQ(gauge(registry, "idemgate_oldest_in_flight_seconds"), 0);
-  for (const auto& f : families) EXPECT_NE(f.name, "idemgate_wal_bytes") << "no WAL reported yet";
+  for (const auto& f : families) {
+    EXPECT_NE(f.name, "idemgate_wal_bytes") << "no WAL reported yet";
+    EXPECT_NE(f.name, "idemgate_oldest_snapshot_seconds") << "no snapshot reported yet";
+  }
 }
 
 TEST(RegistryObserver, UpdateMirrorsTheStoreSignals) {
@@ -214,12 +217,14 @@ TEST(RegistryObserver, UpdateMirrorsTheStoreSignals) {
   later.escalated = 4;
   later.retrying = 5;
   later.wal_bytes = 4096;
+  later.oldest_snapshot = 330s;
   metrics.update(later);
   EXPECT_EQ(gauge(registry, "idemgate_oldest_in_flight_seconds"), 642);
   EXPECT_EQ(gauge(registry, "idemgate_result_mismatch_keys"), 2);
   EXPECT_EQ(gauge(registry, "idemgate_escalated_rows"), 4);
   EXPECT_EQ(gauge(registry, "idemgate_retrying_rows"), 5);
   EXPECT_EQ(gauge(registry, "idemgate_wal_bytes"), 4096);
+  EXPECT_EQ(gauge(registry, "idemgate_oldest_snapshot_seconds"), 330);
   later.oldest_in_flight.reset();
   metrics.update(later);
   EXPECT_EQ(gauge(registry, "idemgate_oldest_in_flight_seconds"), 0) << "none in flight";
@@ -254,6 +259,7 @@ TEST(RegistryObserver, EveryMetricOfTheTextRendererHasTheSameNameAndType) {
   StoreSignals signals;
   signals.window = 1h;
   signals.wal_bytes = 1;
+  signals.oldest_snapshot = std::chrono::seconds(1);
   const std::string text = idemgate::render_prometheus(idemgate::Counters{}, signals);
   std::map<std::string, std::string> rendered;
   std::istringstream in(text);
@@ -378,6 +384,7 @@ TEST(RegistryObserver, PromtoolAcceptsTheSerialisedRegistry) {
   StoreSignals signals;
   signals.window = 1h;
   signals.wal_bytes = 0;
+  signals.oldest_snapshot = std::chrono::seconds(0);
   metrics.update(signals);
   metrics.on_result(idemgate::derive_key("metrics", "k"), Status::processed, 12ms);
   const std::string path = ::testing::TempDir() + "idemgate-registry-metrics.txt";

@@ -29,6 +29,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -505,6 +506,46 @@ TEST_P(OperatorCommand, SignalsPerGateAndTheirAlarms) {
   const Ran calm = run("signals", {"--gate", payments, "--stranded-after", "30d"});
   EXPECT_EQ(calm.rc, 0) << calm.out << calm.err;
   EXPECT_EQ(calm.out.find("stranded_work"), std::string::npos) << calm.out;
+}
+
+TEST_P(OperatorCommand, ATransactionHeldOpenRaisesOldSnapshotAndNamesItsHolder) {
+  if (GetParam() == "sqlite") {
+    // SQLite has no such horizon (its long readers show as wal_bytes): nothing to report, and
+    // no alarm even at a threshold of zero.
+    const json signals = run_json("signals", {"--gate", slots, "--old-snapshot-after", "0s"});
+    ASSERT_EQ(signals.size(), 1u) << signals.dump();
+    EXPECT_TRUE(signals[0]["oldest_snapshot_seconds"].is_null());
+    EXPECT_TRUE(signals[0]["oldest_snapshot_holder"].is_null());
+    EXPECT_TRUE(signals[0]["alarms"].empty());
+    return;
+  }
+  // Another session of the log's database holds a snapshot for over a second. Other tests may
+  // hold older ones meanwhile: the reported transaction is at least as old as this one.
+  pqxx::connection reports(uri_);
+  pqxx::work held(reports);
+  // REPEATABLE READ keeps its snapshot until the transaction ends (READ COMMITTED lets go of it
+  // after each statement, and a read-only one then holds nothing back).
+  (void)idemgate::detail::pq::exec(held, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+  (void)idemgate::detail::pq::exec(held, "SELECT count(*) FROM " + table_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+
+  const json signals = run_json("signals", {"--old-snapshot-after", "0s"}, 1);
+  ASSERT_EQ(signals.size(), 2u) << signals.dump();
+  for (const auto& gate : signals) {
+    EXPECT_GE(gate["oldest_snapshot_seconds"].get<std::int64_t>(), 1) << gate.dump();
+    EXPECT_NE(gate["oldest_snapshot_holder"].get<std::string>(), "") << gate.dump();
+    EXPECT_NE(gate["alarms"].dump().find("old_snapshot"), std::string::npos) << gate.dump();
+  }
+  const Ran alarm = run("signals", {"--gate", slots, "--old-snapshot-after", "0s"});
+  EXPECT_EQ(alarm.rc, 1) << alarm.out << alarm.err;
+  EXPECT_NE(alarm.out.find("old_snapshot"), std::string::npos) << alarm.out;
+  EXPECT_NE(alarm.err.find("old_snapshot: session "), std::string::npos) << alarm.err;
+  EXPECT_NE(alarm.err.find("idle_in_transaction_session_timeout"), std::string::npos) << alarm.err;
+  // Past the default threshold (5 minutes) a second-old transaction raises nothing.
+  const json calm = run_json("signals", {"--gate", slots});
+  ASSERT_EQ(calm.size(), 1u) << calm.dump();
+  EXPECT_TRUE(calm[0]["alarms"].empty()) << calm.dump();
+  held.abort();
 }
 
 TEST_P(OperatorCommand, CheckPassesOnTheLogAndFailsWithExitThreeWithoutIt) {

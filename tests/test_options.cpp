@@ -513,3 +513,16 @@ TEST(SignalThresholdsRange, NegativeStrandedAfterIsRefusedAndMaxTurnsTheAlarmOff
   s.oldest_in_flight = 1s;
   EXPECT_TRUE(idemgate::evaluate(s, {.stranded_after = 0s}).stranded_work);
 }
+
+TEST(SignalThresholdsRange, NegativeOldSnapshotAfterIsRefusedAndMaxTurnsTheAlarmOff) {
+  StoreSignals s;
+  s.oldest_snapshot = seconds::max() - 1s;
+  for (const auto& [value, label] : extremes<seconds>()) {
+    if (value >= 0s) continue;  // 0 and max(): honoured, below
+    expect_refused([&] { (void)idemgate::evaluate(s, {.old_snapshot_after = value}); },
+                   "SignalThresholds::old_snapshot_after", "between 0 s and forever", label);
+  }
+  EXPECT_FALSE(idemgate::evaluate(s, {.old_snapshot_after = seconds::max()}).old_snapshot);
+  s.oldest_snapshot = 1s;
+  EXPECT_TRUE(idemgate::evaluate(s, {.old_snapshot_after = 0s}).old_snapshot);
+}

@@ -103,6 +103,24 @@ TEST(Signals, RatiosAroundTheThresholdsRaiseTheRightAlarms) {
   EXPECT_TRUE(idemgate::evaluate(s).result_mismatch);
 }
 
+TEST(Signals, ATransactionOpenPastTheThresholdRaisesOldSnapshot) {
+  StoreSignals s;
+  EXPECT_FALSE(idemgate::evaluate(s, {.old_snapshot_after = 0s}).old_snapshot)
+      << "a store that cannot tell raises nothing";
+  s.oldest_snapshot = 0s;
+  EXPECT_FALSE(idemgate::evaluate(s, {.old_snapshot_after = 0s}).old_snapshot) << "none open";
+  s.oldest_snapshot = 5min;
+  EXPECT_FALSE(idemgate::evaluate(s).old_snapshot) << "exactly the default is not above";
+  s.oldest_snapshot = 5min + 1s;
+  const idemgate::Health h = idemgate::evaluate(s);
+  EXPECT_TRUE(h.old_snapshot);
+  EXPECT_FALSE(h.healthy());
+  EXPECT_FALSE(
+      idemgate::evaluate(s, {.old_snapshot_after = std::chrono::seconds::max()}).old_snapshot)
+      << "the type's max turns it off";
+  EXPECT_THROW((void)idemgate::evaluate(s, {.old_snapshot_after = -1s}), std::invalid_argument);
+}
+
 TEST(Counters, CountEveryResultKindThroughTheGate) {
   Clock clock;
   MemoryStore store(clock.fn());
@@ -217,6 +235,11 @@ TEST(Prometheus, ExpositionIsWellFormedAndCarriesTheSignals) {
   EXPECT_EQ(samples.at("idemgate_result_mismatch_keys"), 1);
   EXPECT_EQ(samples.at("idemgate_result_mismatch_total"), 3);
   EXPECT_EQ(samples.at("idemgate_signal_window_seconds"), 3600);
+  EXPECT_EQ(samples.count("idemgate_oldest_snapshot_seconds"), 0u)
+      << "a store that cannot tell has no such gauge";
+  s.oldest_snapshot = 75s;
+  const auto with_snapshot = parse_exposition(idemgate::render_prometheus(counters, s));
+  EXPECT_EQ(with_snapshot.at("idemgate_oldest_snapshot_seconds"), 75);
 }
 
 TEST(Prometheus, StrictParserRejectsMalformedExposition) {
@@ -233,6 +256,7 @@ TEST(Prometheus, PromtoolAcceptsTheExposition) {
   Counters counters, claims{"ect.claim_slot"}, cancels{"ect.cancel_slot"};
   StoreSignals s;
   s.window = 1h;
+  s.oldest_snapshot = 12s;
   const idemgate::GateMetrics gates[] = {{"ect.claim_slot", claims, s},
                                          {"ect.cancel_slot", cancels, s}};
   const std::string path = ::testing::TempDir() + "idemgate-metrics.txt";

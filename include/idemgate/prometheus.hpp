@@ -6,6 +6,7 @@
 #include "signals.hpp"
 
 #include <cstdio>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,6 +67,24 @@ void metric_family(std::string& out, std::span<const GateMetrics> gates, std::st
         .append(" ")
         .append(metric_number(value(g)))
         .append("\n");
+}
+
+// A family only some stores have (`value` gives nullopt for the others): its header and
+// samples when at least one gate has it, nothing otherwise.
+template <class Value>
+void optional_family(std::string& out, std::span<const GateMetrics> gates, std::string_view name,
+                     std::string_view help, Value value) {
+  bool any = false;
+  for (const GateMetrics& g : gates) any = any || value(g).has_value();
+  if (!any) return;
+  metric_header(out, name, "gauge", help);
+  for (const GateMetrics& g : gates)
+    if (const auto v = value(g))
+      out.append(name)
+          .append(metric_labels(g.gate))
+          .append(" ")
+          .append(metric_number(*v))
+          .append("\n");
 }
 
 }  // namespace detail
@@ -141,19 +160,18 @@ void metric_family(std::string& out, std::span<const GateMetrics> gates, std::st
   metric_family(out, gates, "idemgate_result_mismatch_total", "counter",
                 "Downstream answers that differed from the stored result, ever recorded.",
                 [&](const GateMetrics& g) { return number(g.signals.mismatches_total); });
-  bool any_wal = false;
-  for (const GateMetrics& g : gates) any_wal = any_wal || g.signals.wal_bytes.has_value();
-  if (any_wal) {
-    detail::metric_header(out, "idemgate_wal_bytes", "gauge",
-                          "Size of the store's write-ahead log file (SQLite), in bytes.");
-    for (const GateMetrics& g : gates)
-      if (g.signals.wal_bytes)
-        out.append("idemgate_wal_bytes")
-            .append(detail::metric_labels(g.gate))
-            .append(" ")
-            .append(detail::metric_number(number(*g.signals.wal_bytes)))
-            .append("\n");
-  }
+  detail::optional_family(out, gates, "idemgate_wal_bytes",
+                          "Size of the store's write-ahead log file (SQLite), in bytes.",
+                          [&](const GateMetrics& g) -> std::optional<double> {
+                            if (!g.signals.wal_bytes) return std::nullopt;
+                            return number(*g.signals.wal_bytes);
+                          });
+  detail::optional_family(out, gates, "idemgate_oldest_snapshot_seconds",
+                          detail::oldest_snapshot_help,
+                          [](const GateMetrics& g) -> std::optional<double> {
+                            if (!g.signals.oldest_snapshot) return std::nullopt;
+                            return static_cast<double>(g.signals.oldest_snapshot->count());
+                          });
   return out;
 }
 

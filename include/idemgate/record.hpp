@@ -281,6 +281,15 @@ struct ItemCommit {
   std::exception_ptr error;
 };
 
+namespace detail {
+
+/// The help text of the `idemgate_oldest_snapshot_seconds` gauge, in both exporters.
+inline constexpr const char* oldest_snapshot_help =
+    "Age of the oldest transaction open in the log's database (PostgreSQL; 0 when none): no "
+    "vacuum reclaims what the log deleted or replaced since it began.";
+
+}  // namespace detail
+
 /// The three signals of a gate, read from its store over a window, plus the rows that need a
 /// human. A gate fails silently if nobody watches these.
 struct StoreSignals {
@@ -307,6 +316,14 @@ struct StoreSignals {
   /// Bytes in the store's write-ahead log file, where the store keeps one of its own (SQLite);
   /// nullopt elsewhere.
   std::optional<std::int64_t> wal_bytes;
+  /// How long the oldest transaction still open in the log's database has been open, where the
+  /// store can tell (PostgreSQL; nullopt elsewhere): zero when no other transaction is open. No
+  /// vacuum removes a row version of the log deleted or replaced after that transaction began,
+  /// so while it stays open the log grows by every purge and every commit (docs/operations.md).
+  std::optional<std::chrono::seconds> oldest_snapshot;
+  /// Who holds that transaction: "session 4242 (reports), idle in transaction" or "prepared
+  /// transaction 'gid'"; empty when none is open.
+  std::string oldest_snapshot_holder;
 
   /// Duplicates ÷ events; 0 without events. Normal: 1–3 %.
   [[nodiscard]] double duplicate_ratio() const noexcept {

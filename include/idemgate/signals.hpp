@@ -36,6 +36,9 @@ struct SignalThresholds {
   /// An in-flight row older than this is stranded: at least 0; `seconds::max()` turns the alarm
   /// off.
   std::chrono::seconds stranded_after = std::chrono::minutes(10);
+  /// A transaction open in the log's database for longer than this holds back its cleanup
+  /// (`StoreSignals::oldest_snapshot`): at least 0; `seconds::max()` turns the alarm off.
+  std::chrono::seconds old_snapshot_after = std::chrono::minutes(5);
 
   /// Throws `std::invalid_argument`, naming the threshold and its range, when one is out of it.
   void validate() const {
@@ -53,6 +56,9 @@ struct SignalThresholds {
     detail::require_in_range("SignalThresholds::stranded_after", stranded_after,
                              std::chrono::seconds(0), std::chrono::seconds::max(),
                              "An in-flight row older than it raises the alarm (default 10 min).");
+    detail::require_in_range("SignalThresholds::old_snapshot_after", old_snapshot_after,
+                             std::chrono::seconds(0), std::chrono::seconds::max(),
+                             "A transaction open longer than it raises the alarm (default 5 min).");
   }
 };
 
@@ -68,9 +74,13 @@ struct Health {
   /// The downstream gave two results for one key: it forgot its idempotency cache, or the key
   /// sent to it is wrong.
   bool result_mismatch = false;
+  /// A transaction has been open in the log's database for longer than the threshold: until it
+  /// ends, no vacuum reclaims what retention deletes or what commits replace, and the log grows.
+  bool old_snapshot = false;
   /// True when no alarm is raised.
   [[nodiscard]] bool healthy() const noexcept {
-    return !key_derivation_suspect && !upstream_misbehaving && !stranded_work && !result_mismatch;
+    return !key_derivation_suspect && !upstream_misbehaving && !stranded_work && !result_mismatch &&
+           !old_snapshot;
   }
 };
 
@@ -83,6 +93,7 @@ struct Health {
   h.upstream_misbehaving = s.events > 0 && s.duplicate_ratio() > t.high_duplicate_ratio;
   h.stranded_work = s.oldest_in_flight && *s.oldest_in_flight > t.stranded_after;
   h.result_mismatch = s.mismatched_keys > 0;
+  h.old_snapshot = s.oldest_snapshot && *s.oldest_snapshot > t.old_snapshot_after;
   return h;
 }
 

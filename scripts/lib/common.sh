@@ -102,7 +102,7 @@ idemgate_start_postgres() {
     IDEMGATE_PG_PORT=$(idemgate_free_port)
     if idemgate_as_pg env "${IDEMGATE_PG_SERVER_ENV[@]}" "$bin/pg_ctl" -D "$IDEMGATE_PG_DIR/data" \
       -l "$IDEMGATE_PG_DIR/server.log" -w -t 60 -o "-p $IDEMGATE_PG_PORT -k $IDEMGATE_PG_DIR -c listen_addresses=127.0.0.1 \
--c max_connections=300 -c shared_preload_libraries=pg_stat_statements $*" start >/dev/null; then
+-c max_connections=300 -c max_prepared_transactions=8 -c shared_preload_libraries=pg_stat_statements $*" start >/dev/null; then
       break
     fi
     if [[ $try -eq 5 ]]; then

@@ -114,6 +114,8 @@ def main():
                 text = driver.find_element(By.ID, card).text
                 check("OK" in text or "ALARM" in text, card + " shows no state: " + text)
             check("%" in driver.find_element(By.ID, "signal-duplicates").text, "duplicate ratio")
+            check(not driver.find_element(By.ID, "signal-snapshot").is_displayed(),
+                  "an open-transaction card on a store that cannot tell (SQLite)")
             queued = [row.get_attribute("data-key")
                       for row in driver.find_elements(By.CSS_SELECTOR, "#queue-rows tr")]
             escalated = [keys["TIMEOUT-HLXU8001231"], keys["BROKEN-TCLU3309876"],

@@ -579,6 +579,74 @@ TEST_F(PostgresGate, APurgeThatDeletedRowsVacuumsTheLog) {
   EXPECT_EQ(vacuums(), 1) << "the purge reclaims the space of what it deleted at once";
 }
 
+// A database of its own, so that no other test's transaction is the oldest one there.
+class OwnDatabase : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base = idemgate::test::pg_uri();
+    ASSERT_FALSE(base.empty());
+    name = idemgate::test::unique_table("db");
+    pg_exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)");
+    pg_exec("CREATE DATABASE " + name);
+  }
+  void TearDown() override {
+    if (!name.empty()) pg_exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)");
+  }
+  /// The test server's URI with this database and `more` connection parameters.
+  std::string uri(const std::string& more = "") const {
+    return base + (base.find('?') == std::string::npos ? "?" : "&") + "dbname=" + name +
+           (more.empty() ? "" : "&" + more);
+  }
+
+  std::string base, name;
+};
+
+TEST_F(OwnDatabase, SignalsNameTheOldestTransactionOpenInTheLogsDatabase) {
+  PostgresStore store(uri(), idemgate::PostgresOptions{.table = "idemgate_log"});
+  store.migrate();
+  auto gate = store.for_gate("ect.claim_slot");
+  const auto signals = [&] { return gate.signals(1h); };
+  ASSERT_EQ(signals().oldest_snapshot, 0s) << "nothing open but the store's own session";
+  EXPECT_EQ(signals().oldest_snapshot_holder, "");
+
+  // An idle session outside a transaction holds nothing.
+  pqxx::connection idle(uri("application_name=idle_app"));
+  // A report's REPEATABLE READ snapshot, left open.
+  pqxx::connection reports(uri("application_name=reports"));
+  pqxx::work report(reports, "report");
+  (void)pq::exec(report, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+  (void)pq::exec(report, "SELECT count(*) FROM idemgate_log");
+  std::this_thread::sleep_for(1200ms);
+  auto held = signals();
+  ASSERT_TRUE(held.oldest_snapshot.has_value());
+  EXPECT_GE(*held.oldest_snapshot, 1s);
+  EXPECT_LT(*held.oldest_snapshot, 60s);
+  EXPECT_EQ(held.oldest_snapshot_holder.find("session "), 0u) << held.oldest_snapshot_holder;
+  EXPECT_NE(held.oldest_snapshot_holder.find(" (reports), idle in transaction"), std::string::npos)
+      << held.oldest_snapshot_holder;
+  EXPECT_TRUE(idemgate::evaluate(held, {.old_snapshot_after = 0s}).old_snapshot);
+  EXPECT_FALSE(idemgate::evaluate(held).old_snapshot) << "a second is under the default 5 min";
+
+  // A prepared transaction outlives its session: it is named by its id.
+  {
+    pqxx::connection preparing(uri());
+    pqxx::nontransaction tx(preparing);
+    (void)pq::exec(tx, "BEGIN");
+    (void)pq::exec(tx, "CREATE TABLE prepared_holder (n int)");
+    (void)pq::exec(tx, "PREPARE TRANSACTION 'nightly-export'");
+  }
+  report.abort();
+  held = signals();
+  EXPECT_EQ(held.oldest_snapshot_holder, "prepared transaction 'nightly-export'");
+  {
+    pqxx::connection finishing(uri());
+    pqxx::nontransaction tx(finishing);
+    (void)pq::exec(tx, "ROLLBACK PREPARED 'nightly-export'");
+  }
+  EXPECT_EQ(signals().oldest_snapshot, 0s) << "both ended: nothing holds the log's cleanup";
+  EXPECT_EQ(signals().oldest_snapshot_holder, "");
+}
+
 TEST_F(PostgresGate, ABatchReservedInOneStatementKeepsEachMessagesLabel) {
   auto store = make_store();
   FakeTerminal<> terminal;

@@ -311,6 +311,10 @@ class Commands {
                  "ESCALATED", "MISMATCHED", "ALARMS"});
     auto out = nlohmann::json::array();
     bool alarm = false;
+    // The oldest open transaction is the database's, the same for every gate: told once.
+    std::chrono::seconds oldest_snapshot{0};
+    std::string holder;
+    bool held_too_long = false;
     for (auto& store : scope(false)) {
       const StoreSignals s = store.signals(window);
       const Health h = evaluate(s, thresholds);
@@ -319,6 +323,12 @@ class Commands {
       if (h.upstream_misbehaving) alarms.emplace_back("upstream_misbehaving");
       if (h.stranded_work) alarms.emplace_back("stranded_work");
       if (h.result_mismatch) alarms.emplace_back("result_mismatch");
+      if (h.old_snapshot) alarms.emplace_back("old_snapshot");
+      if (s.oldest_snapshot && !s.oldest_snapshot_holder.empty()) {
+        oldest_snapshot = *s.oldest_snapshot;
+        holder = s.oldest_snapshot_holder;
+        held_too_long = h.old_snapshot;
+      }
       alarm = alarm || !h.healthy();
       char ratio[32];
       std::snprintf(ratio, sizeof ratio, "%.1f%%", 100.0 * s.duplicate_ratio());
@@ -342,6 +352,10 @@ class Commands {
                      {"mismatched_keys", s.mismatched_keys},
                      {"mismatches_total", s.mismatches_total},
                      {"wal_bytes", s.wal_bytes ? nlohmann::json(*s.wal_bytes) : nullptr},
+                     {"oldest_snapshot_seconds",
+                      s.oldest_snapshot ? nlohmann::json(s.oldest_snapshot->count()) : nullptr},
+                     {"oldest_snapshot_holder",
+                      s.oldest_snapshot ? nlohmann::json(s.oldest_snapshot_holder) : nullptr},
                      {"alarms", alarms}});
     }
     if (c_.json)
@@ -350,6 +364,13 @@ class Commands {
       table.print(stdout);
     else
       std::fprintf(stderr, "the log %s has no rows of any gate\n", c_.table.c_str());
+    if (held_too_long && !c_.json)
+      std::fprintf(stderr,
+                   "old_snapshot: %s has kept a transaction open for %s; until it ends, no "
+                   "vacuum reclaims the rows retention deletes or the versions commits replace, "
+                   "and the log grows. End it (pg_terminate_backend, or COMMIT/ROLLBACK "
+                   "PREPARED), and bound it with idle_in_transaction_session_timeout\n",
+                   holder.c_str(), format_age(oldest_snapshot).c_str());
     return alarm ? exit_nothing : exit_ok;
   }
 

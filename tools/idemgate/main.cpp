@@ -47,6 +47,7 @@ struct Args {
   std::string window = "1h";
   idemgate::SignalThresholds thresholds;
   std::string stranded_after = "10m";
+  std::string old_snapshot_after = "5m";
   std::string key;
   RedriveTarget redrive;
   std::string older_than;
@@ -66,6 +67,7 @@ int dispatch(const std::string& which, Store root, Args& a) {
   if (which == "gates") return run.gates();
   if (which == "signals") {
     a.thresholds.stranded_after = parse_duration(a.stranded_after);
+    a.thresholds.old_snapshot_after = parse_duration(a.old_snapshot_after);
     return run.signals(parse_duration(a.window), a.thresholds);
   }
   if (which == "list") return run.list(a.filter);
@@ -89,7 +91,9 @@ int dispatch(const std::string& which, Store root, Args& a) {
 void validate(const std::string& which, const Args& a) {
   const auto now = Clock::now();
   if (which == "list" || which == "count") (void)a.filter.query(now);
-  if (which == "signals") (void)parse_duration(a.window), (void)parse_duration(a.stranded_after);
+  if (which == "signals")
+    (void)parse_duration(a.window), (void)parse_duration(a.stranded_after),
+        (void)parse_duration(a.old_snapshot_after);
   if (which == "purge" && !a.older_than.empty()) (void)parse_duration(a.older_than);
   if (which == "migrate") (void)parse_duration(a.wait);
   if (which == "redrive") {
@@ -256,6 +260,9 @@ int main(int argc, char** argv) {
   signals->add_option("--window", a.window, "Events of this window (default 1h)");
   signals->add_option("--stranded-after", a.stranded_after,
                       "An in-flight row older than this is stranded (default 10m)");
+  signals->add_option("--old-snapshot-after", a.old_snapshot_after,
+                      "A transaction open this long in the log's database holds back its "
+                      "cleanup (PostgreSQL; default 5m)");
   signals->add_option("--high-duplicate-ratio", a.thresholds.high_duplicate_ratio,
                       "A duplicate ratio above it raises an alarm (default 0.20)");
 

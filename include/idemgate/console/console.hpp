@@ -402,11 +402,16 @@ class Console {
       body += ",\"mismatched_keys\":" + std::to_string(s.mismatched_keys);
       body += ",\"mismatches_total\":" + std::to_string(s.mismatches_total);
       body += ",\"retrying\":" + std::to_string(s.retrying);
+      body += ",\"oldest_snapshot_seconds\":" +
+              (s.oldest_snapshot ? std::to_string(s.oldest_snapshot->count()) : "null");
+      body += ",\"oldest_snapshot_holder\":" +
+              (s.oldest_snapshot ? j::quote(s.oldest_snapshot_holder) : "null");
       body += ",\"health\":{\"key_derivation_suspect\":" +
               detail::console::json_bool(h.key_derivation_suspect) +
               ",\"upstream_misbehaving\":" + detail::console::json_bool(h.upstream_misbehaving) +
               ",\"stranded_work\":" + detail::console::json_bool(h.stranded_work) +
               ",\"result_mismatch\":" + detail::console::json_bool(h.result_mismatch) +
+              ",\"old_snapshot\":" + detail::console::json_bool(h.old_snapshot) +
               ",\"healthy\":" + detail::console::json_bool(h.healthy()) + "}}";
       return json(200, std::move(body));
     } else {

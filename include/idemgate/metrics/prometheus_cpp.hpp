@@ -73,8 +73,9 @@ struct RegistryOptions {
  * - from `update(signals)`, the gauges of `render_prometheus` (`idemgate_duplicate_ratio`,
  *   `idemgate_oldest_in_flight_seconds`, `idemgate_result_mismatch_keys`, `idemgate_window_*`,
  *   `idemgate_in_flight_rows`, `idemgate_escalated_rows`, `idemgate_retrying_rows`,
- *   `idemgate_signal_window_seconds`, `idemgate_wal_bytes` where the store has one) and the
- *   counter `idemgate_result_mismatch_total`, so `docs/alerts.yml` applies unchanged.
+ *   `idemgate_signal_window_seconds`, `idemgate_wal_bytes` and `idemgate_oldest_snapshot_seconds`
+ * where the store has them) and the counter `idemgate_result_mismatch_total`, so `docs/alerts.yml`
+ * applies unchanged.
  *
  * The signals come from the shared store, not from this process: call `update` on a timer
  * (every 15 to 60 s) from one place. The registry must outlive the observer; the series stay
@@ -189,6 +190,11 @@ class RegistryObserver {
                             "Size of the store's write-ahead log file (SQLite), in bytes.");
       wal_bytes_->Set(static_cast<double>(*signals.wal_bytes));
     }
+    if (signals.oldest_snapshot) {
+      if (oldest_snapshot_ == nullptr)
+        oldest_snapshot_ = &gauge("idemgate_oldest_snapshot_seconds", detail::oldest_snapshot_help);
+      oldest_snapshot_->Set(static_cast<double>(signals.oldest_snapshot->count()));
+    }
   }
 
  public:
@@ -253,6 +259,7 @@ class RegistryObserver {
   ::prometheus::Gauge* retrying_ = nullptr;
   ::prometheus::Gauge* mismatched_keys_ = nullptr;
   ::prometheus::Gauge* wal_bytes_ = nullptr;
+  ::prometheus::Gauge* oldest_snapshot_ = nullptr;
   std::mutex update_mutex_;
   std::int64_t mismatches_seen_ = 0;
 };

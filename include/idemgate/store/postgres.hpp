@@ -895,7 +895,8 @@ class PostgresStore {
     return names;
   }
 
-  /// The three signals over the events reserved in the last `window`, in one round trip.
+  /// The three signals over the events reserved in the last `window`, and the oldest
+  /// transaction open in the database (`StoreSignals::oldest_snapshot`), in one round trip.
   StoreSignals signals(std::chrono::seconds window) {
     const pqxx::result rows = run([&](Lease& c) {
       pqxx::nontransaction tx(c.connection());
@@ -903,8 +904,11 @@ class PostgresStore {
                            detail::sql_duration<std::chrono::seconds>(window));
     });
     // The oldest in-flight row comes as its age in seconds.
-    return detail::signals_from(detail::PqRow{rows[0]}, window,
-                                [](std::int64_t age) { return std::chrono::seconds(age); });
+    StoreSignals s = detail::signals_from(
+        detail::PqRow{rows[0]}, window, [](std::int64_t age) { return std::chrono::seconds(age); });
+    s.oldest_snapshot = std::chrono::seconds(detail::pq::int_field(rows[0][8]));
+    s.oldest_snapshot_holder = detail::pq::text_field(rows[0][9]);
+    return s;
   }
 
   /// Keeps a downstream answer that differed from the stored one.
@@ -1160,7 +1164,8 @@ class PostgresStore {
         t +
         "_mismatches WHERE gate = $1::text),"
         " (SELECT count(*) FROM " +
-        t + " WHERE gate = $1::text AND status = 'in_flight' AND attempts > 1)";
+        t + " WHERE gate = $1::text AND status = 'in_flight' AND attempts > 1), " +
+        oldest_snapshot_columns();
     s.record_mismatch = "INSERT INTO " + t +
                         "_mismatches (gate, key, stored, observed, source)"
                         " VALUES ($1::text, $2::bytea, $3::bytea, $4::bytea, $5::text)";
@@ -1290,6 +1295,28 @@ class PostgresStore {
               " LIMIT $3::bigint FOR UPDATE SKIP LOCKED) DELETE FROM " +
               t + " USING picked WHERE " + t + ".gate = $1::text AND " + t + ".key = picked.key";
     return s;
+  }
+
+  /// The oldest transaction open in this database besides the caller's own, as two more columns
+  /// of the signals row: its age in whole seconds (0 when none is open) and who holds it. A
+  /// session's transaction counts while it holds a snapshot or a transaction id (either keeps
+  /// vacuum from removing what was deleted after it began), and so does a prepared transaction.
+  /// Other roles' sessions are visible only to a role with pg_read_all_stats (or pg_monitor).
+  [[nodiscard]] static std::string oldest_snapshot_columns() {
+    return "coalesce(horizon.age, 0), coalesce(horizon.holder, '')"
+           " FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT"
+           " floor(extract(epoch FROM now() - held.since))::bigint AS age, held.holder FROM ("
+           "SELECT xact_start AS since,"
+           " greatest(age(backend_xmin), age(backend_xid)) AS xids,"
+           " format('session %s%s, %s', pid,"
+           " coalesce(' (' || nullif(application_name, '') || ')', ''), state) AS holder"
+           " FROM pg_stat_activity WHERE datname = current_database()"
+           " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+           " AND xact_start IS NOT NULL"
+           " AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)"
+           " UNION ALL SELECT prepared, age(transaction), format('prepared transaction %L', gid)"
+           " FROM pg_prepared_xacts WHERE database = current_database()"
+           ") AS held ORDER BY held.xids DESC, held.since LIMIT 1) AS horizon ON true";
   }
 
   /// A takeover's history: an entry when the holder's lease ran out, none when it was given back

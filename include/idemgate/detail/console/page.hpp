@@ -118,6 +118,14 @@ async function loadSignals() {
     (h.stranded_work ? ': is a reconciler running?' : ''));
   card('signal-mismatches', 'Keys with two results', String(s.mismatched_keys), h.result_mismatch,
     s.mismatches_total + ' mismatches recorded in all');
+  // PostgreSQL only: the oldest transaction open in the log's database.
+  const held = s.oldest_snapshot_seconds;
+  $('signal-snapshot').hidden = held === null || held === undefined;
+  if (!$('signal-snapshot').hidden)
+    card('signal-snapshot', 'Oldest open transaction', held ? seconds(held) : 'none',
+      h.old_snapshot, !s.oldest_snapshot_holder ? 'none open in the log\'s database' :
+      s.oldest_snapshot_holder + (h.old_snapshot ?
+        ': until it ends, no vacuum reclaims what the log deleted' : ''));
   $('counts').textContent = s.escalated + ' escalated (the manual queue)';
 }
 function rowLink(row) {
@@ -292,6 +300,7 @@ refresh(true);
 <div id="signal-duplicates" class="card"></div>
 <div id="signal-in-flight" class="card"></div>
 <div id="signal-mismatches" class="card"></div>
+<div id="signal-snapshot" class="card" hidden></div>
 </div>
 <p id="counts" class="muted"></p>
 </section>
