@@ -1084,13 +1084,15 @@ class PostgresStore {
                   "millisecond', updated_at = now(), holder = $5::bigint, attempts = attempts + 1,"
                   " history = " +
                   taken_over_history() +
-                  " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+                  " WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')"
                   " AND fence = $3::bigint AND lease_until < now() RETURNING fence";
     // `status IN ('in_flight', '')` ('' is never a status) finds the same rows as `status =
     // 'in_flight'` without implying the in-flight index's predicate: the planner then takes the
     // row by its primary key, instead of walking that partial index, which holds an entry for
     // every version reserved since the oldest snapshot while one is held open (2,700 buffers
-    // against 5 on a log of 100,000 such versions).
+    // against 5 on a log of 100,000 such versions). Every statement here that finds one row by
+    // its key tests it so: the commit, and the takeover, fail, escalate and release above and
+    // below.
     s.commit = "UPDATE " + t +
                " SET status = 'committed', result = $4::bytea, updated_at = now()"
                " WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')"
@@ -1098,12 +1100,12 @@ class PostgresStore {
     s.fail = "UPDATE " + t +
              " SET status = 'failed', reason = $4::text, updated_at = now(), history = " +
              history_with("'failed'", "$4::text") +
-             " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+             " WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')"
              " AND fence = $3::bigint";
     s.escalate = "UPDATE " + t +
                  " SET status = 'escalated', reason = $4::text, updated_at = now(), history = " +
                  history_with("'escalated'", "$4::text") +
-                 " WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+                 " WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')"
                  " AND fence = $3::bigint";
     // The row stays: its lease ends, so the next delivery takes it over with a higher fence (a
     // worker still holding the old fence can never commit), and if no delivery comes back the
@@ -1113,7 +1115,7 @@ class PostgresStore {
                 " reason = CASE WHEN $4::text = '' THEN reason ELSE $4::text END,"
                 " history = CASE WHEN $4::text = '' THEN history ELSE " +
                 history_with("'released'", "$4::text") +
-                " END WHERE gate = $1::text AND key = $2::bytea AND status = 'in_flight'"
+                " END WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')"
                 " AND fence = $3::bigint";
     s.find = "SELECT " + columns + " FROM " + t + " WHERE gate = $1::text AND key = $2::bytea";
     // The second half returns the rows this pass's token already holds: a pass repeated after
