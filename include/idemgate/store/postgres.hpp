@@ -1607,21 +1607,10 @@ class PostgresStore {
                                                   RecordStatus::committed);
           }
           return answers;
-        } catch (const StoreError&) {
-          throw;
-        } catch (const pqxx::broken_connection& e) {
-          lease.mark_broken();
-          why = e.what();
-        } catch (const pqxx::in_doubt_error& e) {
-          lease.mark_broken();
-          why = e.what();
-        } catch (const pqxx::sql_error& e) {
-          if (!reconnectable(e)) {
-            throw_if_log_schema_error(e);
-            throw;
-          }
-          lease.mark_broken();
-          why = e.what();
+        } catch (...) {
+          auto again = retry_reason(lease, std::current_exception());
+          if (!again) throw;
+          why = std::move(*again);
         }
       } catch (const detail::ConnectionUnavailable& e) {
         why = e.what();
@@ -1983,19 +1972,10 @@ class PostgresStore {
         try {
           prepare_business_statements(lease);
           return attempt(lease, n);
-        } catch (const pqxx::broken_connection& e) {
-          lease.mark_broken();
-          why = e.what();
-        } catch (const pqxx::in_doubt_error& e) {
-          lease.mark_broken();
-          why = e.what();
-        } catch (const pqxx::sql_error& e) {
-          if (!reconnectable(e)) {
-            throw_if_log_schema_error(e);
-            throw;  // anything else, the business write's own errors included, unchanged
-          }
-          lease.mark_broken();
-          why = e.what();
+        } catch (...) {
+          auto again = retry_reason(lease, std::current_exception());
+          if (!again) throw;  // anything else, the business write's own errors included, unchanged
+          why = std::move(*again);
         }
       } catch (const detail::ConnectionUnavailable& e) {
         why = e.what();
@@ -2022,6 +2002,34 @@ class PostgresStore {
           static_cast<std::int64_t>(static_cast<std::uint64_t>(detail::new_holder_token()) %
                                     static_cast<std::uint64_t>(quarter + 1)));
     return pause;
+  }
+
+  // Why a commit attempt that threw may go again on a fresh connection: the connection broke,
+  // the COMMIT's outcome is unknown, or the server went away (a reconnectable SQL state); the
+  // lease is marked broken then. A `StoreError` is rethrown, and an error of the log's schema
+  // becomes one; anything else (the business write's own errors among them) comes back as
+  // nullopt, for the caller to decide. Call it from a `catch (...)`.
+  std::optional<std::string> retry_reason(Lease& lease, std::exception_ptr error) const {
+    try {
+      std::rethrow_exception(error);
+    } catch (const StoreError&) {
+      throw;
+    } catch (const pqxx::broken_connection& e) {
+      lease.mark_broken();
+      return e.what();
+    } catch (const pqxx::in_doubt_error& e) {
+      lease.mark_broken();
+      return e.what();
+    } catch (const pqxx::sql_error& e) {
+      if (!reconnectable(e)) {
+        throw_if_log_schema_error(e);
+        return std::nullopt;
+      }
+      lease.mark_broken();
+      return e.what();
+    } catch (...) {
+      return std::nullopt;
+    }
   }
 
   // Whether an SQL error says this connection is no use any more but another may be: the server
@@ -2177,23 +2185,11 @@ class PostgresStore {
           may_have_landed = true;  // from here on, the COMMIT may land whatever we hear back
           tx.commit();
           return std::vector<CommitStatus>(items.size(), CommitStatus::committed);
-        } catch (const StoreError&) {
-          throw;
-        } catch (const pqxx::broken_connection& e) {
-          lease.mark_broken();
-          why = e.what();
-        } catch (const pqxx::in_doubt_error& e) {
-          lease.mark_broken();
-          why = e.what();
-        } catch (const pqxx::sql_error& e) {
-          if (!reconnectable(e)) {
-            throw_if_log_schema_error(e);
-            return std::nullopt;  // a business write refused: item by item costs only its message
-          }
-          lease.mark_broken();
-          why = e.what();
-        } catch (const std::exception&) {
-          return std::nullopt;
+        } catch (...) {
+          auto again = retry_reason(lease, std::current_exception());
+          // A business write refused or threw: item by item costs only its message.
+          if (!again) return std::nullopt;
+          why = std::move(*again);
         }
       } catch (const detail::ConnectionUnavailable& e) {
         why = e.what();
