@@ -7,6 +7,7 @@
 #include "support/pgbouncer.hpp"
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
+#include "support/taken_over_midway.hpp"
 
 #include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/gate.hpp>
@@ -433,14 +434,7 @@ TEST_F(PostgresBatch, AnItemWhoseLeaseWasTakenOverCommitsNothingOfTheBatch) {
     batch.push_back({"m" + std::to_string(i),
                      idemgate::derive_key("stale gate batch", std::to_string(i)),
                      {"C" + std::to_string(i), "w"}});
-  terminal.after = [&](const Key& key,
-                       const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
-    if (key != batch[1].key) return std::nullopt;
-    EXPECT_TRUE(other.release(key, 1));
-    const std::string bytes = gate.encode_request(batch[1].request);
-    EXPECT_EQ(other.reserve(key, idemgate::detail::sha256(bytes), bytes, 1min).fence, 2);
-    return std::nullopt;
-  };
+  idemgate::test::take_over_midway(terminal, gate, other, batch[1]);
   const auto result = gate.process_batch(batch);
   EXPECT_EQ(result.items()[0].result.status(), Status::processed);
   EXPECT_EQ(result.items()[1].result.status(), Status::lost_lease);
@@ -501,14 +495,7 @@ TEST_F(PostgresBatch, ABulkCommitWithAMovedFenceCommitsNothingAndOnlyThatEventLo
     batch.push_back({"m" + std::to_string(i),
                      idemgate::derive_key("stale bulk gate", std::to_string(i)),
                      {"C" + std::to_string(i), "w"}});
-  terminal.after = [&](const Key& key,
-                       const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
-    if (key != batch[1].key) return std::nullopt;
-    EXPECT_TRUE(other.release(key, 1));
-    const std::string bytes = gate.encode_request(batch[1].request);
-    EXPECT_EQ(other.reserve(key, idemgate::detail::sha256(bytes), bytes, 1min).fence, 2);
-    return std::nullopt;
-  };
+  idemgate::test::take_over_midway(terminal, gate, other, batch[1]);
   const auto result = gate.process_batch(batch);
   EXPECT_EQ(result.items()[0].result.status(), Status::processed);
   EXPECT_EQ(result.items()[1].result.status(), Status::lost_lease);

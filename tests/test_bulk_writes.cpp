@@ -6,6 +6,7 @@
 #include "support/fake_terminal.hpp"
 #include "support/slot_request.hpp"
 #include "support/sqlite_files.hpp"
+#include "support/taken_over_midway.hpp"
 
 #include <idemgate/gate.hpp>
 #include <idemgate/store/memory.hpp>
@@ -153,14 +154,7 @@ TYPED_TEST(BulkWrites, AnEventTakenOverMidBatchLosesOnlyItsOwnLeaseAndTheOthersC
   Gate gate{gate_name, this->env.store, this->terminal, this->writer()};
   auto other = this->env.store.for_gate(gate_name);  // where the redelivery lands
   const auto batch = batch_of("bulk taken over", 3);
-  this->terminal.after =
-      [&](const Key& key, const std::string&) -> std::optional<idemgate::ClaimResult<std::string>> {
-    if (key != batch[1].key) return std::nullopt;
-    EXPECT_TRUE(other.release(key, 1));
-    const std::string bytes = gate.encode_request(batch[1].request);
-    EXPECT_EQ(other.reserve(key, idemgate::detail::sha256(bytes), bytes, 1min).fence, 2);
-    return std::nullopt;
-  };
+  idemgate::test::take_over_midway(this->terminal, gate, other, batch[1]);
   const auto result = gate.process_batch(batch);
   EXPECT_EQ(result.items()[0].result.status(), Status::processed);
   EXPECT_EQ(result.items()[1].result.status(), Status::lost_lease);
