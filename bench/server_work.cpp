@@ -12,6 +12,7 @@
 // after untimed warm-up events; figures are medians over rounds.
 //
 // Usage: server_work --pg=URI --postmaster-pid=PID [--events=N] [--rounds=N] [--warm-up=N]
+// (defaults: 2000 events per kind and round, 3 rounds, 200 untimed events per kind and round).
 // Prints a table and, as its last line, one JSON object.
 
 #include "postgres_workload.hpp"
@@ -31,9 +32,11 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,13 +61,34 @@ namespace {
 
 namespace pg = idemgate::bench::pg;
 
-struct Flags {
+const char* const usage =
+    "usage: server_work --pg=URI --postmaster-pid=PID [--events=N] [--rounds=N] [--warm-up=N]";
+
+struct Settings {
   std::string uri;
   long postmaster = 0;
   int events = 2000;
   int rounds = 3;
   int warm_up = 200;
 };
+
+// The settings from the command line; throws std::invalid_argument naming a flag it cannot take.
+Settings parse(int argc, char** argv) {
+  const idemgate::bench::Flags flags(argc, argv,
+                                     {"pg", "postmaster-pid", "events", "rounds", "warm-up"});
+  flags.expect_no_others(argc, argv);
+  constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+  Settings s;
+  s.uri = flags.text("pg");
+  s.postmaster = static_cast<long>(
+      flags.integer("postmaster-pid", s.postmaster, 1, std::numeric_limits<long>::max()));
+  s.events = static_cast<int>(flags.integer("events", s.events, 1, int_max));
+  s.rounds = static_cast<int>(flags.integer("rounds", s.rounds, 1, int_max));
+  s.warm_up = static_cast<int>(flags.integer("warm-up", s.warm_up, 0, int_max));
+  if (s.uri.empty() || s.postmaster <= 0)
+    throw std::invalid_argument("needs --pg=URI and --postmaster-pid=PID");
+  return s;
+}
 
 double backends_cpu_us(const std::vector<long>& pids) {
   double total = 0;
@@ -84,7 +108,7 @@ struct Snapshot {
 // What the monitor session reads; it is not part of what is measured.
 class Monitor {
  public:
-  explicit Monitor(const Flags& flags) : flags_(flags), connection_(flags.uri) {
+  explicit Monitor(const Settings& settings) : settings_(settings), connection_(settings.uri) {
     pqxx::nontransaction tx(connection_);
     tx.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
   }
@@ -103,7 +127,7 @@ class Monitor {
     Snapshot s;
     s.sends = sends.load();
     s.backends_us = backends_cpu_us(backends);
-    s.server_us = idemgate::bench::server_cpu_us(flags_.postmaster);
+    s.server_us = idemgate::bench::server_cpu_us(settings_.postmaster);
     pqxx::nontransaction tx(connection_);
     s.wal = idemgate::detail::pq::int_field(
         tx.exec("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0]);
@@ -132,7 +156,7 @@ class Monitor {
   }
 
  private:
-  const Flags& flags_;
+  const Settings& settings_;
   pqxx::connection connection_;
 };
 
@@ -201,27 +225,27 @@ struct Figures {
   std::map<std::string, StatementLine> lines;  // per event
 };
 
-Figures measure(const Flags& flags, Monitor& monitor, const std::string& kind) {
+Figures measure(const Settings& settings, Monitor& monitor, const std::string& kind) {
   idemgate::bench::KeySource keys;
   std::unique_ptr<Source> source;
   if (kind == "gate" || kind == "relaxed")
-    source = std::make_unique<GateSource>(flags.uri, kind == "relaxed");
+    source = std::make_unique<GateSource>(settings.uri, kind == "relaxed");
   else
-    source = std::make_unique<BareSource>(flags.uri);
-  for (int i = 0; i < flags.warm_up; ++i) source->event(keys.next("bench.server_work"));
+    source = std::make_unique<BareSource>(settings.uri);
+  for (int i = 0; i < settings.warm_up; ++i) source->event(keys.next("bench.server_work"));
   const std::vector<long> backends = monitor.client_backends();
   // Statistics of the warm-up reach the shared counters before the first snapshot.
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   monitor.reset_statements();
   const Snapshot before = monitor.take(backends);
-  for (int i = 0; i < flags.events; ++i) source->event(keys.next("bench.server_work"));
+  for (int i = 0; i < settings.events; ++i) source->event(keys.next("bench.server_work"));
   const std::uint64_t sent = sends.load() - before.sends;
   const double backends_us = backends_cpu_us(backends) - before.backends_us;
   // Closing the connections makes their backends flush their table statistics.
   source.reset();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const Snapshot after = monitor.take({});
-  const double n = flags.events;
+  const double n = settings.events;
   Figures f;
   f.server_us = (after.server_us - before.server_us) / n;
   f.backends_us = backends_us / n;
@@ -264,50 +288,30 @@ double over_rounds(const std::vector<Figures>& rounds, Get get) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&](const std::string& name) -> const char* {
-      return arg.rfind(name + "=", 0) == 0 ? argv[i] + name.size() + 1 : nullptr;
-    };
-    if (const char* uri = value("--pg"))
-      flags.uri = uri;
-    else if (const char* pid = value("--postmaster-pid"))
-      flags.postmaster = std::atol(pid);
-    else if (const char* events = value("--events"))
-      flags.events = std::atoi(events);
-    else if (const char* rounds = value("--rounds"))
-      flags.rounds = std::atoi(rounds);
-    else if (const char* warm_up = value("--warm-up"))
-      flags.warm_up = std::atoi(warm_up);
-    else {
-      std::cerr << "unknown argument " << arg
-                << "; usage: server_work --pg=URI --postmaster-pid=PID [--events=N] "
-                   "[--rounds=N] [--warm-up=N]\n";
-      return 2;
-    }
-  }
-  if (flags.uri.empty() || flags.postmaster <= 0 || flags.events <= 0 || flags.rounds <= 0) {
-    std::cerr << "server_work needs --pg=URI and --postmaster-pid=PID\n";
+  Settings settings;
+  try {
+    settings = parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "server_work: " << e.what() << "\n" << usage << "\n";
     return 2;
   }
   try {
     {
       idemgate::PostgresOptions options;
       options.table = pg::log_table;
-      idemgate::PostgresStore store(flags.uri, options);
+      idemgate::PostgresStore store(settings.uri, options);
       store.migrate();
-      pqxx::connection c(flags.uri);
+      pqxx::connection c(settings.uri);
       pqxx::nontransaction tx(c);
       tx.exec(pg::business_schema_sql());
     }
-    Monitor monitor(flags);
+    Monitor monitor(settings);
     std::map<std::string, std::vector<Figures>> rounds;
-    for (int r = 0; r < flags.rounds; ++r) {
+    for (int r = 0; r < settings.rounds; ++r) {
       // Who goes first alternates, so a drift within a round favours neither.
       for (const std::string& kind : r % 2 ? std::vector<std::string>{"bare", "relaxed", "gate"}
                                            : std::vector<std::string>{"gate", "relaxed", "bare"}) {
-        rounds[kind].push_back(measure(flags, monitor, kind));
+        rounds[kind].push_back(measure(settings, monitor, kind));
         std::cerr << "round " << r + 1 << " " << kind << ": " << rounds[kind].back().server_us
                   << " us server CPU per event\n";
       }
@@ -325,8 +329,8 @@ int main(int argc, char** argv) {
       f.hot_fraction = over_rounds(figures, [](const Figures& x) { return x.hot_fraction; });
       f.lines = figures.back().lines;
     }
-    std::printf("per event, median of %d rounds of %d events (after %d untimed)\n", flags.rounds,
-                flags.events, flags.warm_up);
+    std::printf("per event, median of %d rounds of %d events (after %d untimed)\n", settings.rounds,
+                settings.events, settings.warm_up);
     std::printf("%-6s %14s %14s %10s %12s %11s %9s %9s\n", "kind", "server_cpu_us",
                 "backend_cpu_us", "wal_bytes", "round_trips", "statements", "plan_us", "exec_us");
     for (const auto& [kind, f] : m)
