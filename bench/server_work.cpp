@@ -1,8 +1,13 @@
 // Where the server's work goes per gated event, beside a bare business-INSERT transaction
 // (scripts/bench --server-work). One worker, one event at a time, every event new:
-//   gate   gate.process with one business INSERT (prepared) in the commit transaction
-//   relaxed  the same gate with PostgresOptions::relaxed_reservations
-//   bare   BEGIN, the same prepared INSERT, COMMIT, on one connection of the same driver
+//   gate             gate.process with one business INSERT (prepared) in the commit transaction
+//   relaxed          the same gate with PostgresOptions::relaxed_reservations
+//   one_transaction  a reference written by hand, not a mode of the library: the gate's
+//                    reservation, the business INSERT and the gate's fenced update, all prepared,
+//                    in one transaction (BEGIN ... COMMIT) on one connection of the same driver:
+//                    the gate's statements with one commit instead of two (pg::HandLoop)
+//   bare             BEGIN, the same prepared INSERT, COMMIT, on one connection of the same driver
+//   round_trip       a prepared SELECT 1 in autocommit: what one empty round trip costs the server
 // Per event and per kind: the server's CPU (every server process, the exited ones included
 // through the postmaster's children's times), the CPU of the client backends alone, WAL bytes
 // (pg_current_wal_lsn before and after), round trips (send() calls of this process on the
@@ -10,6 +15,10 @@
 // one call), statements, plan and execution time (pg_stat_statements), and the log's updates
 // that were HOT (pg_stat_user_tables). Kinds alternate over rounds, each on fresh connections
 // after untimed warm-up events; figures are medians over rounds.
+// The server's CPU of a round also holds what its events do not cause (the monitor's queries,
+// the background processes over the round, the source's connections ending, whose CPU then
+// counts in whole clock ticks), spread over the round's events: for a kind as light as
+// round_trip that is a large part of the figure, and the client backends' CPU is the closer one.
 //
 // Usage: server_work --pg=URI --postmaster-pid=PID [--events=N] [--rounds=N] [--warm-up=N]
 // (defaults: 2000 events per kind and round, 3 rounds, 200 untimed events per kind and round).
@@ -170,7 +179,7 @@ struct BusinessWrite {
 using PgGate =
     idemgate::Gate<idemgate::PostgresStore, idemgate::bench::NoopDownstream, BusinessWrite>;
 
-// One event source: the gate over a fresh store, or the bare transaction on a fresh connection.
+// One event source: the gate over a fresh store, or a reference on a fresh connection.
 class Source {
  public:
   virtual ~Source() = default;
@@ -215,6 +224,43 @@ class BareSource : public Source {
   pqxx::connection connection_;
 };
 
+// The gate's statements with one commit instead of two, by hand (see pg::HandLoop).
+class OneTransactionSource : public Source {
+ public:
+  explicit OneTransactionSource(const std::string& uri)
+      : loop_(uri, pg::HandLoop::Transactions::one) {}
+  void event(const idemgate::Key& key) override { loop_.event(key); }
+
+ private:
+  pg::HandLoop loop_;
+};
+
+// One empty round trip per event: a prepared SELECT 1 in autocommit.
+class RoundTripSource : public Source {
+ public:
+  explicit RoundTripSource(const std::string& uri) : connection_(uri) {
+    idemgate::detail::pq::prepare(connection_, statement, "SELECT 1");
+  }
+  void event(const idemgate::Key&) override {
+    pqxx::nontransaction tx(connection_);
+    if (idemgate::detail::pq::exec_prepared(tx, statement).size() != 1)
+      throw std::runtime_error("SELECT 1 did not return one row");
+  }
+
+ private:
+  static constexpr const char* statement = "bench_round_trip";
+  pqxx::connection connection_;
+};
+
+std::unique_ptr<Source> source_of(const std::string& kind, const std::string& uri) {
+  if (kind == "gate" || kind == "relaxed")
+    return std::make_unique<GateSource>(uri, kind == "relaxed");
+  if (kind == "one_transaction") return std::make_unique<OneTransactionSource>(uri);
+  if (kind == "bare") return std::make_unique<BareSource>(uri);
+  if (kind == "round_trip") return std::make_unique<RoundTripSource>(uri);
+  throw std::logic_error("no event source named " + kind);
+}
+
 struct StatementLine {
   double calls = 0, plan_ms = 0, exec_ms = 0, wal = 0, rows = 0;
 };
@@ -227,11 +273,7 @@ struct Figures {
 
 Figures measure(const Settings& settings, Monitor& monitor, const std::string& kind) {
   idemgate::bench::KeySource keys;
-  std::unique_ptr<Source> source;
-  if (kind == "gate" || kind == "relaxed")
-    source = std::make_unique<GateSource>(settings.uri, kind == "relaxed");
-  else
-    source = std::make_unique<BareSource>(settings.uri);
+  std::unique_ptr<Source> source = source_of(kind, settings.uri);
   for (int i = 0; i < settings.warm_up; ++i) source->event(keys.next("bench.server_work"));
   const std::vector<long> backends = monitor.client_backends();
   // Statistics of the warm-up reach the shared counters before the first snapshot.
@@ -306,11 +348,14 @@ int main(int argc, char** argv) {
       tx.exec(pg::business_schema_sql());
     }
     Monitor monitor(settings);
+    const std::vector<std::string> kinds{"gate", "relaxed", "one_transaction", "bare",
+                                         "round_trip"};
     std::map<std::string, std::vector<Figures>> rounds;
     for (int r = 0; r < settings.rounds; ++r) {
-      // Who goes first alternates, so a drift within a round favours neither.
-      for (const std::string& kind : r % 2 ? std::vector<std::string>{"bare", "relaxed", "gate"}
-                                           : std::vector<std::string>{"gate", "relaxed", "bare"}) {
+      // The order reverses every round, so a drift within a round favours no kind.
+      std::vector<std::string> order = kinds;
+      if (r % 2) std::reverse(order.begin(), order.end());
+      for (const std::string& kind : order) {
         rounds[kind].push_back(measure(settings, monitor, kind));
         std::cerr << "round " << r + 1 << " " << kind << ": " << rounds[kind].back().server_us
                   << " us server CPU per event\n";
@@ -331,13 +376,16 @@ int main(int argc, char** argv) {
     }
     std::printf("per event, median of %d rounds of %d events (after %d untimed)\n", settings.rounds,
                 settings.events, settings.warm_up);
-    std::printf("%-6s %14s %14s %10s %12s %11s %9s %9s\n", "kind", "server_cpu_us",
+    std::printf("%-15s %14s %14s %10s %12s %11s %9s %9s\n", "kind", "server_cpu_us",
                 "backend_cpu_us", "wal_bytes", "round_trips", "statements", "plan_us", "exec_us");
-    for (const auto& [kind, f] : m)
-      std::printf("%-6s %14.1f %14.1f %10.0f %12.2f %11.2f %9.1f %9.1f\n", kind.c_str(),
+    for (const std::string& kind : kinds) {
+      const Figures& f = m[kind];
+      std::printf("%-15s %14.1f %14.1f %10.0f %12.2f %11.2f %9.1f %9.1f\n", kind.c_str(),
                   f.server_us, f.backends_us, f.wal, f.round_trips, f.statements, f.plan_us,
                   f.exec_us);
-    for (const auto& [kind, f] : m) {
+    }
+    for (const std::string& kind : kinds) {
+      const Figures& f = m[kind];
       std::printf("\n%s: statements per event (last round)\n", kind.c_str());
       std::printf("%6s %8s %8s %8s %6s  %s\n", "calls", "plan_us", "exec_us", "wal_B", "rows",
                   "query");
@@ -351,6 +399,8 @@ int main(int argc, char** argv) {
     const Figures& g = m["gate"];
     const Figures& b = m["bare"];
     const Figures& x = m["relaxed"];
+    const Figures& o = m["one_transaction"];
+    const Figures& t = m["round_trip"];
     std::printf(
         "{\"server_cpu_us_per_event\": %.1f, \"bare_server_cpu_us_per_event\": %.1f, "
         "\"server_cpu_per_event_vs_bare\": %.2f, \"backend_cpu_us_per_event\": %.1f, "
@@ -362,11 +412,14 @@ int main(int argc, char** argv) {
         "\"bare_plan_us_per_event\": %.1f, \"bare_exec_us_per_event\": %.1f, "
         "\"log_hot_update_fraction\": %.2f, \"relaxed_server_cpu_us_per_event\": %.1f, "
         "\"relaxed_server_cpu_per_event_vs_bare\": %.2f, \"relaxed_wal_bytes_per_event\": %.0f, "
-        "\"relaxed_round_trips_per_event\": %.2f}\n",
+        "\"relaxed_round_trips_per_event\": %.2f, \"one_transaction_vs_bare\": %.2f, "
+        "\"one_transaction_vs_gate\": %.2f, \"round_trip_server_cpu_us\": %.1f}\n",
         g.server_us, b.server_us, b.server_us > 0 ? g.server_us / b.server_us : 0, g.backends_us,
         b.backends_us, g.wal, b.wal, b.wal > 0 ? g.wal / b.wal : 0, g.round_trips, b.round_trips,
         g.statements, b.statements, g.plan_us, g.exec_us, b.plan_us, b.exec_us, g.hot_fraction,
-        x.server_us, b.server_us > 0 ? x.server_us / b.server_us : 0, x.wal, x.round_trips);
+        x.server_us, b.server_us > 0 ? x.server_us / b.server_us : 0, x.wal, x.round_trips,
+        b.server_us > 0 ? o.server_us / b.server_us : 0,
+        g.server_us > 0 ? o.server_us / g.server_us : 0, t.server_us);
   } catch (const std::exception& e) {
     std::cerr << "server_work: " << e.what() << "\n";
     return 1;
