@@ -240,62 +240,17 @@ class BareInsert {
   pqxx::connection connection_;
 };
 
-// What a careful programmer writes without the library: the same prepared statements, the same
-// parameters, the same two transactions (the reservation in autocommit, then BEGIN / business
-// INSERT / fenced UPDATE / COMMIT, in the gate's order), on one connection of the same driver
-// kept for the process. The gate sends its fenced update unprepared through libpqxx's checked
-// path, behind a SAVEPOINT check in the same round trip; the hand loop prepares it, unchecked.
-class HandLoop {
- public:
-  HandLoop() : connection_(settings.uri) {
-    durable_gate();  // the log and the business table exist
-    const auto sql = idemgate::PostgresStore::statements(pg::log_table);
-    idemgate::detail::pq::prepare(connection_, "idemgate_reserve", sql.reserve);
-    idemgate::detail::pq::prepare(connection_, "idemgate_commit", sql.commit);
-    idemgate::detail::pq::prepare(connection_, pg::business_statement, pg::business_insert_sql());
-  }
-
-  void event(const idemgate::Key& key) {
-    const auto fingerprint = idemgate::detail::sha256(request_);
-    const std::string key_param = pg::bytea_text(key.view());
-    const std::string fingerprint_param =
-        pg::bytea_text({reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
-    std::int64_t fence = 0;
-    {
-      pqxx::nontransaction tx(connection_);
-      const pqxx::result rows = idemgate::detail::pq::exec_prepared(
-          tx, "idemgate_reserve", pg::gate_name, key_param, fingerprint_param, request_param_,
-          lease_ms_, ++holder_);
-      if (rows.empty() || !idemgate::detail::pq::bool_field(rows[0][0]))
-        throw std::runtime_error("the hand loop met an existing key");
-      fence = idemgate::detail::pq::int_field(rows[0][1]);
-    }
-    pqxx::work tx(connection_);
-    pg::write_business(tx, key, idemgate::bench::outcome());
-    const pqxx::result updated = idemgate::detail::pq::exec_prepared(
-        tx, "idemgate_commit", pg::gate_name, key_param, fence, result_param_);
-    if (idemgate::detail::pq::affected_rows(updated) != 1)
-      throw std::runtime_error("the hand loop lost a fence");
-    tx.commit();
-  }
-
- private:
-  pqxx::connection connection_;
-  const std::string request_ = pg::request_bytes();
-  const std::string request_param_ = pg::bytea_text(request_);
-  const std::string result_param_ = pg::bytea_text(pg::outcome_bytes());
-  const std::int64_t lease_ms_ = pg::lease_ms();
-  // This attempt's holder token: any non-zero number the loop has not used.
-  std::int64_t holder_ = 0;
-};
-
 BareInsert& bare() {
   static BareInsert instance;
   return instance;
 }
 
-HandLoop& hand() {
-  static HandLoop instance;
+// The gate's own statements in the gate's two transactions, written by hand (pg::HandLoop).
+pg::HandLoop& hand() {
+  static pg::HandLoop instance = [] {
+    durable_gate();  // the log and the business table exist
+    return pg::HandLoop(settings.uri);
+  }();
   return instance;
 }
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -23,10 +24,12 @@
 #include <fstream>
 #include <initializer_list>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace idemgate::bench {
@@ -188,12 +191,15 @@ inline double resident_kib() {
   return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1024.0;
 }
 
-/// Flags of a benchmark program (`--name=value`), taken out of argv before Google Benchmark
-/// parses the rest.
+/// Flags of a benchmark program (`--name=value`, and switches: `--name` alone), taken out of argv
+/// before Google Benchmark parses the rest.
 class Flags {
  public:
-  /// Removes every `--name=value` whose name is in `known` from argv.
-  Flags(int& argc, char** argv, std::initializer_list<std::string_view> known) {
+  /// Removes every `--name=value` whose name is in `known`, and every `--name` whose name is in
+  /// `switches`, from argv.
+  Flags(int& argc, char** argv, std::initializer_list<std::string_view> known,
+        std::initializer_list<std::string_view> switches = {})
+      : known_(known.begin(), known.end()), switches_(switches.begin(), switches.end()) {
     int kept = 1;
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg(argv[i]);
@@ -202,6 +208,12 @@ class Flags {
         if (arg.size() > name.size() + 3 && arg.starts_with("--") &&
             arg.substr(2, name.size()) == name && arg[name.size() + 2] == '=') {
           values_[std::string(name)] = std::string(arg.substr(name.size() + 3));
+          taken = true;
+        }
+      }
+      for (std::string_view name : switches) {
+        if (arg.size() == name.size() + 2 && arg.starts_with("--") && arg.substr(2) == name) {
+          given_.push_back(std::string(name));
           taken = true;
         }
       }
@@ -225,7 +237,47 @@ class Flags {
     return value;
   }
 
+  /// The flag as a whole number from `min` to `max`, or `fallback`; throws
+  /// std::invalid_argument naming the flag when its value is anything else.
+  [[nodiscard]] std::int64_t integer(
+      const std::string& name, std::int64_t fallback,
+      std::int64_t min = std::numeric_limits<std::int64_t>::min(),
+      std::int64_t max = std::numeric_limits<std::int64_t>::max()) const {
+    const auto it = values_.find(name);
+    if (it == values_.end()) return fallback;
+    const std::string& raw = it->second;
+    std::int64_t value = 0;
+    const auto [end, error] = std::from_chars(raw.data(), raw.data() + raw.size(), value);
+    if (error != std::errc{} || end != raw.data() + raw.size() || value < min || value > max)
+      throw std::invalid_argument("--" + name + "=" + raw + ": expected a whole number from " +
+                                  std::to_string(min) + " to " + std::to_string(max));
+    return value;
+  }
+
+  /// Whether the switch `--name` was given.
+  [[nodiscard]] bool flag(std::string_view name) const {
+    return std::find(given_.begin(), given_.end(), name) != given_.end();
+  }
+
+  /// For a program that takes no other arguments: throws std::invalid_argument naming the first
+  /// argument no flag took (`argc` and `argv` as the constructor left them), and saying what is
+  /// wrong with it when its name is a flag's.
+  void expect_no_others(int argc, char** argv) const {
+    if (argc <= 1) return;
+    const std::string arg(argv[1]);
+    for (const std::string& name : known_)
+      if (arg == "--" + name || arg == "--" + name + "=")
+        throw std::invalid_argument(arg + ": --" + name + " takes a value (--" + name + "=...)");
+    for (const std::string& name : switches_)
+      if (arg.starts_with("--" + name + "="))
+        throw std::invalid_argument(arg + ": --" + name + " is a switch and takes no value");
+    throw std::invalid_argument("unknown argument " + arg);
+  }
+
  private:
+  std::vector<std::string> known_;
+  std::vector<std::string> switches_;
+  std::vector<std::string> given_;
   std::map<std::string, std::string> values_;
 };
 

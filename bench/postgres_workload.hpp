@@ -1,7 +1,8 @@
 #pragma once
 
 // The PostgreSQL workload shared by the benchmarks and the pgbench baseline generated from the
-// store's own statements: the tables, the business INSERT, and the parameters of one event.
+// store's own statements: the tables, the business INSERT, the parameters of one event, and the
+// gate's statements run by hand.
 
 #include "bench_support.hpp"
 
@@ -12,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -73,5 +75,90 @@ inline std::int64_t lease_ms() {
 inline void write_business(pqxx::work& tx, const Key& key, const std::string& result) {
   detail::pq::exec_prepared(tx, business_statement, bytea_text(key.view()), result);
 }
+
+/// What a careful programmer writes without the library: the gate's own statements
+/// (PostgresStore::statements of `log_table`), prepared once on one connection of the same driver
+/// kept for the loop's life, with the parameters the store sends, and the business write between
+/// them. The log and the business table must exist (the gate's store migrates the log).
+///
+/// - `Transactions::two`: the gate's transactions, in the gate's order: the reservation in
+///   autocommit, then BEGIN / business INSERT / fenced UPDATE / COMMIT. The gate runs its fenced
+///   update through an SQL `EXECUTE` behind a `SAVEPOINT` check in the same round trip; the hand
+///   loop runs it prepared, unchecked.
+/// - `Transactions::one`: the same statements with one commit instead of two: BEGIN /
+///   reservation / business INSERT / fenced UPDATE / COMMIT. A hand-written reference for what the
+///   reservation's own commit costs, not a mode of the library: the gate commits the reservation
+///   before the side effect runs, so that another worker sees it and a crash cannot lose it.
+class HandLoop {
+ public:
+  /// How many transactions an event takes.
+  enum class Transactions { two, one };
+
+  /// Connects to `uri` and prepares the reservation, the fenced update and the business INSERT.
+  explicit HandLoop(const std::string& uri, Transactions transactions = Transactions::two)
+      : connection_(uri), transactions_(transactions) {
+    const auto sql = PostgresStore::statements(log_table);
+    detail::pq::prepare(connection_, reserve_statement, sql.reserve);
+    detail::pq::prepare(connection_, commit_statement, sql.commit);
+    detail::pq::prepare(connection_, business_statement, business_insert_sql());
+  }
+
+  /// Processes one event whose key is new; throws when the key exists or the fence is lost.
+  void event(const Key& key) {
+    // Per event, as the gate computes it.
+    const Fingerprint fingerprint = detail::sha256(request_);
+    const std::string fingerprint_param =
+        bytea_text({reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
+    const std::string key_param = bytea_text(key.view());
+    if (transactions_ == Transactions::one) {
+      pqxx::work tx(connection_);
+      const std::int64_t fence = reserve(tx, key_param, fingerprint_param);
+      finish(tx, key, key_param, fence);
+      return;
+    }
+    std::int64_t fence = 0;
+    {
+      pqxx::nontransaction tx(connection_);
+      fence = reserve(tx, key_param, fingerprint_param);
+    }
+    pqxx::work tx(connection_);
+    finish(tx, key, key_param, fence);
+  }
+
+ private:
+  static constexpr const char* reserve_statement = "idemgate_reserve";
+  static constexpr const char* commit_statement = "idemgate_commit";
+
+  // The reservation of a new key; its fence.
+  template <class Transaction>
+  std::int64_t reserve(Transaction& tx, const std::string& key_param,
+                       const std::string& fingerprint_param) {
+    const pqxx::result rows =
+        detail::pq::exec_prepared(tx, reserve_statement, gate_name, key_param, fingerprint_param,
+                                  request_param_, lease_ms_, ++holder_);
+    if (rows.empty() || !detail::pq::bool_field(rows[0][0]))
+      throw std::runtime_error("the hand loop met an existing key");
+    return detail::pq::int_field(rows[0][1]);
+  }
+
+  // The business write and the fenced update, then COMMIT.
+  void finish(pqxx::work& tx, const Key& key, const std::string& key_param, std::int64_t fence) {
+    write_business(tx, key, outcome());
+    const pqxx::result updated =
+        detail::pq::exec_prepared(tx, commit_statement, gate_name, key_param, fence, result_param_);
+    if (detail::pq::affected_rows(updated) != 1)
+      throw std::runtime_error("the hand loop lost a fence");
+    tx.commit();
+  }
+
+  pqxx::connection connection_;
+  Transactions transactions_;
+  const std::string request_ = request_bytes();
+  const std::string request_param_ = bytea_text(request_);
+  const std::string result_param_ = bytea_text(outcome_bytes());
+  const std::int64_t lease_ms_ = lease_ms();
+  // This attempt's holder token: any non-zero number the loop has not used.
+  std::int64_t holder_ = 0;
+};
 
 }  // namespace idemgate::bench::pg

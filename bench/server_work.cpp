@@ -1,8 +1,13 @@
 // Where the server's work goes per gated event, beside a bare business-INSERT transaction
 // (scripts/bench --server-work). One worker, one event at a time, every event new:
-//   gate   gate.process with one business INSERT (prepared) in the commit transaction
-//   relaxed  the same gate with PostgresOptions::relaxed_reservations
-//   bare   BEGIN, the same prepared INSERT, COMMIT, on one connection of the same driver
+//   gate             gate.process with one business INSERT (prepared) in the commit transaction
+//   relaxed          the same gate with PostgresOptions::relaxed_reservations
+//   one_transaction  a reference written by hand, not a mode of the library: the gate's
+//                    reservation, the business INSERT and the gate's fenced update, all prepared,
+//                    in one transaction (BEGIN ... COMMIT) on one connection of the same driver:
+//                    the gate's statements with one commit instead of two (pg::HandLoop)
+//   bare             BEGIN, the same prepared INSERT, COMMIT, on one connection of the same driver
+//   round_trip       a prepared SELECT 1 in autocommit: what one empty round trip costs the server
 // Per event and per kind: the server's CPU (every server process, the exited ones included
 // through the postmaster's children's times), the CPU of the client backends alone, WAL bytes
 // (pg_current_wal_lsn before and after), round trips (send() calls of this process on the
@@ -10,8 +15,13 @@
 // one call), statements, plan and execution time (pg_stat_statements), and the log's updates
 // that were HOT (pg_stat_user_tables). Kinds alternate over rounds, each on fresh connections
 // after untimed warm-up events; figures are medians over rounds.
+// The server's CPU of a round also holds what its events do not cause (the monitor's queries,
+// the background processes over the round, the source's connections ending, whose CPU then
+// counts in whole clock ticks), spread over the round's events: for a kind as light as
+// round_trip that is a large part of the figure, and the client backends' CPU is the closer one.
 //
 // Usage: server_work --pg=URI --postmaster-pid=PID [--events=N] [--rounds=N] [--warm-up=N]
+// (defaults: 2000 events per kind and round, 3 rounds, 200 untimed events per kind and round).
 // Prints a table and, as its last line, one JSON object.
 
 #include "postgres_workload.hpp"
@@ -31,9 +41,11 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,13 +70,34 @@ namespace {
 
 namespace pg = idemgate::bench::pg;
 
-struct Flags {
+const char* const usage =
+    "usage: server_work --pg=URI --postmaster-pid=PID [--events=N] [--rounds=N] [--warm-up=N]";
+
+struct Settings {
   std::string uri;
   long postmaster = 0;
   int events = 2000;
   int rounds = 3;
   int warm_up = 200;
 };
+
+// The settings from the command line; throws std::invalid_argument naming a flag it cannot take.
+Settings parse(int argc, char** argv) {
+  const idemgate::bench::Flags flags(argc, argv,
+                                     {"pg", "postmaster-pid", "events", "rounds", "warm-up"});
+  flags.expect_no_others(argc, argv);
+  constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+  Settings s;
+  s.uri = flags.text("pg");
+  s.postmaster = static_cast<long>(
+      flags.integer("postmaster-pid", s.postmaster, 1, std::numeric_limits<long>::max()));
+  s.events = static_cast<int>(flags.integer("events", s.events, 1, int_max));
+  s.rounds = static_cast<int>(flags.integer("rounds", s.rounds, 1, int_max));
+  s.warm_up = static_cast<int>(flags.integer("warm-up", s.warm_up, 0, int_max));
+  if (s.uri.empty() || s.postmaster <= 0)
+    throw std::invalid_argument("needs --pg=URI and --postmaster-pid=PID");
+  return s;
+}
 
 double backends_cpu_us(const std::vector<long>& pids) {
   double total = 0;
@@ -84,7 +117,7 @@ struct Snapshot {
 // What the monitor session reads; it is not part of what is measured.
 class Monitor {
  public:
-  explicit Monitor(const Flags& flags) : flags_(flags), connection_(flags.uri) {
+  explicit Monitor(const Settings& settings) : settings_(settings), connection_(settings.uri) {
     pqxx::nontransaction tx(connection_);
     tx.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
   }
@@ -103,7 +136,7 @@ class Monitor {
     Snapshot s;
     s.sends = sends.load();
     s.backends_us = backends_cpu_us(backends);
-    s.server_us = idemgate::bench::server_cpu_us(flags_.postmaster);
+    s.server_us = idemgate::bench::server_cpu_us(settings_.postmaster);
     pqxx::nontransaction tx(connection_);
     s.wal = idemgate::detail::pq::int_field(
         tx.exec("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0]);
@@ -132,7 +165,7 @@ class Monitor {
   }
 
  private:
-  const Flags& flags_;
+  const Settings& settings_;
   pqxx::connection connection_;
 };
 
@@ -146,7 +179,7 @@ struct BusinessWrite {
 using PgGate =
     idemgate::Gate<idemgate::PostgresStore, idemgate::bench::NoopDownstream, BusinessWrite>;
 
-// One event source: the gate over a fresh store, or the bare transaction on a fresh connection.
+// One event source: the gate over a fresh store, or a reference on a fresh connection.
 class Source {
  public:
   virtual ~Source() = default;
@@ -191,6 +224,43 @@ class BareSource : public Source {
   pqxx::connection connection_;
 };
 
+// The gate's statements with one commit instead of two, by hand (see pg::HandLoop).
+class OneTransactionSource : public Source {
+ public:
+  explicit OneTransactionSource(const std::string& uri)
+      : loop_(uri, pg::HandLoop::Transactions::one) {}
+  void event(const idemgate::Key& key) override { loop_.event(key); }
+
+ private:
+  pg::HandLoop loop_;
+};
+
+// One empty round trip per event: a prepared SELECT 1 in autocommit.
+class RoundTripSource : public Source {
+ public:
+  explicit RoundTripSource(const std::string& uri) : connection_(uri) {
+    idemgate::detail::pq::prepare(connection_, statement, "SELECT 1");
+  }
+  void event(const idemgate::Key&) override {
+    pqxx::nontransaction tx(connection_);
+    if (idemgate::detail::pq::exec_prepared(tx, statement).size() != 1)
+      throw std::runtime_error("SELECT 1 did not return one row");
+  }
+
+ private:
+  static constexpr const char* statement = "bench_round_trip";
+  pqxx::connection connection_;
+};
+
+std::unique_ptr<Source> source_of(const std::string& kind, const std::string& uri) {
+  if (kind == "gate" || kind == "relaxed")
+    return std::make_unique<GateSource>(uri, kind == "relaxed");
+  if (kind == "one_transaction") return std::make_unique<OneTransactionSource>(uri);
+  if (kind == "bare") return std::make_unique<BareSource>(uri);
+  if (kind == "round_trip") return std::make_unique<RoundTripSource>(uri);
+  throw std::logic_error("no event source named " + kind);
+}
+
 struct StatementLine {
   double calls = 0, plan_ms = 0, exec_ms = 0, wal = 0, rows = 0;
 };
@@ -201,27 +271,23 @@ struct Figures {
   std::map<std::string, StatementLine> lines;  // per event
 };
 
-Figures measure(const Flags& flags, Monitor& monitor, const std::string& kind) {
+Figures measure(const Settings& settings, Monitor& monitor, const std::string& kind) {
   idemgate::bench::KeySource keys;
-  std::unique_ptr<Source> source;
-  if (kind == "gate" || kind == "relaxed")
-    source = std::make_unique<GateSource>(flags.uri, kind == "relaxed");
-  else
-    source = std::make_unique<BareSource>(flags.uri);
-  for (int i = 0; i < flags.warm_up; ++i) source->event(keys.next("bench.server_work"));
+  std::unique_ptr<Source> source = source_of(kind, settings.uri);
+  for (int i = 0; i < settings.warm_up; ++i) source->event(keys.next("bench.server_work"));
   const std::vector<long> backends = monitor.client_backends();
   // Statistics of the warm-up reach the shared counters before the first snapshot.
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   monitor.reset_statements();
   const Snapshot before = monitor.take(backends);
-  for (int i = 0; i < flags.events; ++i) source->event(keys.next("bench.server_work"));
+  for (int i = 0; i < settings.events; ++i) source->event(keys.next("bench.server_work"));
   const std::uint64_t sent = sends.load() - before.sends;
   const double backends_us = backends_cpu_us(backends) - before.backends_us;
   // Closing the connections makes their backends flush their table statistics.
   source.reset();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const Snapshot after = monitor.take({});
-  const double n = flags.events;
+  const double n = settings.events;
   Figures f;
   f.server_us = (after.server_us - before.server_us) / n;
   f.backends_us = backends_us / n;
@@ -264,50 +330,33 @@ double over_rounds(const std::vector<Figures>& rounds, Get get) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&](const std::string& name) -> const char* {
-      return arg.rfind(name + "=", 0) == 0 ? argv[i] + name.size() + 1 : nullptr;
-    };
-    if (const char* uri = value("--pg"))
-      flags.uri = uri;
-    else if (const char* pid = value("--postmaster-pid"))
-      flags.postmaster = std::atol(pid);
-    else if (const char* events = value("--events"))
-      flags.events = std::atoi(events);
-    else if (const char* rounds = value("--rounds"))
-      flags.rounds = std::atoi(rounds);
-    else if (const char* warm_up = value("--warm-up"))
-      flags.warm_up = std::atoi(warm_up);
-    else {
-      std::cerr << "unknown argument " << arg
-                << "; usage: server_work --pg=URI --postmaster-pid=PID [--events=N] "
-                   "[--rounds=N] [--warm-up=N]\n";
-      return 2;
-    }
-  }
-  if (flags.uri.empty() || flags.postmaster <= 0 || flags.events <= 0 || flags.rounds <= 0) {
-    std::cerr << "server_work needs --pg=URI and --postmaster-pid=PID\n";
+  Settings settings;
+  try {
+    settings = parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "server_work: " << e.what() << "\n" << usage << "\n";
     return 2;
   }
   try {
     {
       idemgate::PostgresOptions options;
       options.table = pg::log_table;
-      idemgate::PostgresStore store(flags.uri, options);
+      idemgate::PostgresStore store(settings.uri, options);
       store.migrate();
-      pqxx::connection c(flags.uri);
+      pqxx::connection c(settings.uri);
       pqxx::nontransaction tx(c);
       tx.exec(pg::business_schema_sql());
     }
-    Monitor monitor(flags);
+    Monitor monitor(settings);
+    const std::vector<std::string> kinds{"gate", "relaxed", "one_transaction", "bare",
+                                         "round_trip"};
     std::map<std::string, std::vector<Figures>> rounds;
-    for (int r = 0; r < flags.rounds; ++r) {
-      // Who goes first alternates, so a drift within a round favours neither.
-      for (const std::string& kind : r % 2 ? std::vector<std::string>{"bare", "relaxed", "gate"}
-                                           : std::vector<std::string>{"gate", "relaxed", "bare"}) {
-        rounds[kind].push_back(measure(flags, monitor, kind));
+    for (int r = 0; r < settings.rounds; ++r) {
+      // The order reverses every round, so a drift within a round favours no kind.
+      std::vector<std::string> order = kinds;
+      if (r % 2) std::reverse(order.begin(), order.end());
+      for (const std::string& kind : order) {
+        rounds[kind].push_back(measure(settings, monitor, kind));
         std::cerr << "round " << r + 1 << " " << kind << ": " << rounds[kind].back().server_us
                   << " us server CPU per event\n";
       }
@@ -325,15 +374,18 @@ int main(int argc, char** argv) {
       f.hot_fraction = over_rounds(figures, [](const Figures& x) { return x.hot_fraction; });
       f.lines = figures.back().lines;
     }
-    std::printf("per event, median of %d rounds of %d events (after %d untimed)\n", flags.rounds,
-                flags.events, flags.warm_up);
-    std::printf("%-6s %14s %14s %10s %12s %11s %9s %9s\n", "kind", "server_cpu_us",
+    std::printf("per event, median of %d rounds of %d events (after %d untimed)\n", settings.rounds,
+                settings.events, settings.warm_up);
+    std::printf("%-15s %14s %14s %10s %12s %11s %9s %9s\n", "kind", "server_cpu_us",
                 "backend_cpu_us", "wal_bytes", "round_trips", "statements", "plan_us", "exec_us");
-    for (const auto& [kind, f] : m)
-      std::printf("%-6s %14.1f %14.1f %10.0f %12.2f %11.2f %9.1f %9.1f\n", kind.c_str(),
+    for (const std::string& kind : kinds) {
+      const Figures& f = m[kind];
+      std::printf("%-15s %14.1f %14.1f %10.0f %12.2f %11.2f %9.1f %9.1f\n", kind.c_str(),
                   f.server_us, f.backends_us, f.wal, f.round_trips, f.statements, f.plan_us,
                   f.exec_us);
-    for (const auto& [kind, f] : m) {
+    }
+    for (const std::string& kind : kinds) {
+      const Figures& f = m[kind];
       std::printf("\n%s: statements per event (last round)\n", kind.c_str());
       std::printf("%6s %8s %8s %8s %6s  %s\n", "calls", "plan_us", "exec_us", "wal_B", "rows",
                   "query");
@@ -347,6 +399,8 @@ int main(int argc, char** argv) {
     const Figures& g = m["gate"];
     const Figures& b = m["bare"];
     const Figures& x = m["relaxed"];
+    const Figures& o = m["one_transaction"];
+    const Figures& t = m["round_trip"];
     std::printf(
         "{\"server_cpu_us_per_event\": %.1f, \"bare_server_cpu_us_per_event\": %.1f, "
         "\"server_cpu_per_event_vs_bare\": %.2f, \"backend_cpu_us_per_event\": %.1f, "
@@ -358,11 +412,14 @@ int main(int argc, char** argv) {
         "\"bare_plan_us_per_event\": %.1f, \"bare_exec_us_per_event\": %.1f, "
         "\"log_hot_update_fraction\": %.2f, \"relaxed_server_cpu_us_per_event\": %.1f, "
         "\"relaxed_server_cpu_per_event_vs_bare\": %.2f, \"relaxed_wal_bytes_per_event\": %.0f, "
-        "\"relaxed_round_trips_per_event\": %.2f}\n",
+        "\"relaxed_round_trips_per_event\": %.2f, \"one_transaction_vs_bare\": %.2f, "
+        "\"one_transaction_vs_gate\": %.2f, \"round_trip_server_cpu_us\": %.1f}\n",
         g.server_us, b.server_us, b.server_us > 0 ? g.server_us / b.server_us : 0, g.backends_us,
         b.backends_us, g.wal, b.wal, b.wal > 0 ? g.wal / b.wal : 0, g.round_trips, b.round_trips,
         g.statements, b.statements, g.plan_us, g.exec_us, b.plan_us, b.exec_us, g.hot_fraction,
-        x.server_us, b.server_us > 0 ? x.server_us / b.server_us : 0, x.wal, x.round_trips);
+        x.server_us, b.server_us > 0 ? x.server_us / b.server_us : 0, x.wal, x.round_trips,
+        b.server_us > 0 ? o.server_us / b.server_us : 0,
+        g.server_us > 0 ? o.server_us / g.server_us : 0, t.server_us);
   } catch (const std::exception& e) {
     std::cerr << "server_work: " << e.what() << "\n";
     return 1;

@@ -11,6 +11,8 @@
 // Usage: steady_state --pg=URI [--keep-s=N] [--windows=N] [--workers=N] [--retention]
 //                     [--hold-snapshot-s=N] [--sample-s=N] [--autovacuum=default|log]
 //                     [--postmaster-pid=PID]
+//   Defaults: --keep-s=10 --windows=10 --workers=4, no retention, no snapshot held,
+//   --sample-s=0 (every keep-s / 2 seconds, at least 1), --autovacuum=default.
 //   --postmaster-pid adds the server's CPU per event to every sample (server_cpu.hpp).
 //   --autovacuum=log sets the log table's autovacuum storage parameters that docs/operations.md
 //   recommends for a log under retention before the run.
@@ -28,7 +30,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,7 +44,12 @@ namespace pg = idemgate::bench::pg;
 const std::string table = "steady_log";
 const std::string business = "steady_business";
 
-struct Flags {
+const char* const usage =
+    "usage: steady_state --pg=URI [--keep-s=N] [--windows=N] [--workers=N] [--retention]\n"
+    "                    [--hold-snapshot-s=N] [--sample-s=N] [--autovacuum=default|log]\n"
+    "                    [--postmaster-pid=PID]";
+
+struct Settings {
   std::string uri;
   int keep_s = 10;
   int windows = 10;
@@ -51,6 +60,31 @@ struct Flags {
   std::string autovacuum = "default";
   long postmaster = 0;
 };
+
+// The settings from the command line; throws std::invalid_argument naming a flag it cannot take.
+Settings parse(int argc, char** argv) {
+  const idemgate::bench::Flags flags(argc, argv,
+                                     {"pg", "keep-s", "windows", "workers", "hold-snapshot-s",
+                                      "sample-s", "autovacuum", "postmaster-pid"},
+                                     {"retention"});
+  flags.expect_no_others(argc, argv);
+  constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+  Settings s;
+  s.uri = flags.text("pg");
+  s.keep_s = static_cast<int>(flags.integer("keep-s", s.keep_s, 1, int_max));
+  s.windows = static_cast<int>(flags.integer("windows", s.windows, 2, int_max));
+  s.workers = static_cast<int>(flags.integer("workers", s.workers, 1, int_max));
+  s.retention = flags.flag("retention");
+  s.hold_s = static_cast<int>(flags.integer("hold-snapshot-s", s.hold_s, 0, int_max));
+  s.sample_s = static_cast<int>(flags.integer("sample-s", s.sample_s, 0, int_max));
+  s.autovacuum = flags.text("autovacuum", s.autovacuum);
+  s.postmaster = static_cast<long>(
+      flags.integer("postmaster-pid", s.postmaster, 0, std::numeric_limits<long>::max()));
+  if (s.uri.empty() || (s.autovacuum != "default" && s.autovacuum != "log"))
+    throw std::invalid_argument("needs --pg=URI, and --autovacuum=default or log");
+  if (s.sample_s <= 0) s.sample_s = std::max(1, s.keep_s / 2);
+  return s;
+}
 
 struct BusinessWrite {
   void operator()(pqxx::work& tx, const idemgate::Key& key, const std::string&,
@@ -88,44 +122,15 @@ Sample sample(pqxx::connection& monitor) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&](const std::string& name) -> const char* {
-      return arg.rfind(name + "=", 0) == 0 ? argv[i] + name.size() + 1 : nullptr;
-    };
-    if (const char* uri = value("--pg"))
-      flags.uri = uri;
-    else if (const char* keep = value("--keep-s"))
-      flags.keep_s = std::atoi(keep);
-    else if (const char* windows = value("--windows"))
-      flags.windows = std::atoi(windows);
-    else if (const char* workers = value("--workers"))
-      flags.workers = std::atoi(workers);
-    else if (arg == "--retention")
-      flags.retention = true;
-    else if (const char* hold = value("--hold-snapshot-s"))
-      flags.hold_s = std::atoi(hold);
-    else if (const char* every = value("--sample-s"))
-      flags.sample_s = std::atoi(every);
-    else if (const char* pid = value("--postmaster-pid"))
-      flags.postmaster = std::atol(pid);
-    else if (const char* autovacuum = value("--autovacuum"))
-      flags.autovacuum = autovacuum;
-    else {
-      std::cerr << "unknown argument " << arg << " (see the head of bench/steady_state.cpp)\n";
-      return 2;
-    }
-  }
-  if (flags.uri.empty() || flags.keep_s < 1 || flags.windows < 2 || flags.workers < 1 ||
-      (flags.autovacuum != "default" && flags.autovacuum != "log")) {
-    std::cerr << "steady_state needs --pg=URI, --keep-s >= 1, --windows >= 2, --workers >= 1, "
-                 "--autovacuum=default|log\n";
+  Settings settings;
+  try {
+    settings = parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "steady_state: " << e.what() << "\n" << usage << "\n";
     return 2;
   }
-  if (flags.sample_s <= 0) flags.sample_s = std::max(1, flags.keep_s / 2);
   try {
-    pqxx::connection monitor(flags.uri);
+    pqxx::connection monitor(settings.uri);
     {
       pqxx::nontransaction tx(monitor);
       tx.exec("DROP TABLE IF EXISTS " + table + ", " + table + "_mismatches, " + business);
@@ -135,13 +140,13 @@ int main(int argc, char** argv) {
     }
     idemgate::PostgresOptions options;
     options.table = table;
-    options.pool_size = static_cast<std::size_t>(flags.workers) + 1;
+    options.pool_size = static_cast<std::size_t>(settings.workers) + 1;
     options.business_statements = {
         {"steady_business_insert",
          "INSERT INTO " + business + " (key, outcome) VALUES ($1::bytea, $2::text)"}};
-    idemgate::PostgresStore store(flags.uri, options);
+    idemgate::PostgresStore store(settings.uri, options);
     store.migrate();
-    if (flags.autovacuum == "log") {
+    if (settings.autovacuum == "log") {
       pqxx::nontransaction tx(monitor);
       tx.exec("ALTER TABLE " + table +
               " SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,"
@@ -151,19 +156,19 @@ int main(int argc, char** argv) {
     idemgate::bench::NoopDownstream downstream;
     PgGate gate(pg::gate_name, store, downstream, BusinessWrite{});
     idemgate::RetentionOptions retention_options;
-    retention_options.keep = std::chrono::seconds(flags.keep_s);
+    retention_options.keep = std::chrono::seconds(settings.keep_s);
     retention_options.interval = std::chrono::seconds(1);
     retention_options.batch = 1000;
     idemgate::Retention retention(gate.store(), retention_options);
 
     using clock = std::chrono::steady_clock;
-    const auto window = std::chrono::seconds(flags.keep_s);
+    const auto window = std::chrono::seconds(settings.keep_s);
     const auto started = clock::now();
-    const auto end = started + window * flags.windows;
+    const auto end = started + window * settings.windows;
     std::atomic<std::int64_t> events{0};
     std::atomic<bool> failed{false};
     std::vector<std::thread> workers;
-    for (int w = 0; w < flags.workers; ++w)
+    for (int w = 0; w < settings.workers; ++w)
       workers.emplace_back([&] {
         idemgate::bench::KeySource keys;
         try {
@@ -177,20 +182,21 @@ int main(int argc, char** argv) {
           failed = true;
         }
       });
-    if (flags.retention) retention.start();
+    if (settings.retention) retention.start();
     std::thread holder;
-    if (flags.hold_s > 0)
+    if (settings.hold_s > 0)
       holder = std::thread([&] {
         std::this_thread::sleep_until(started + window);
         try {
-          pqxx::connection c(flags.uri);
+          pqxx::connection c(settings.uri);
           pqxx::work tx(c);
           tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
           tx.exec("SELECT count(*) FROM pg_class");
           std::fprintf(stderr, "snapshot taken at %.0f s, held for %d s\n",
-                       std::chrono::duration<double>(clock::now() - started).count(), flags.hold_s);
+                       std::chrono::duration<double>(clock::now() - started).count(),
+                       settings.hold_s);
           std::this_thread::sleep_until(
-              std::min(end, clock::now() + std::chrono::seconds(flags.hold_s)));
+              std::min(end, clock::now() + std::chrono::seconds(settings.hold_s)));
           tx.commit();
           std::fprintf(stderr, "snapshot released at %.0f s\n",
                        std::chrono::duration<double>(clock::now() - started).count());
@@ -205,10 +211,10 @@ int main(int argc, char** argv) {
         "dead_rows\tvacuums\n");
     std::int64_t previous_events = 0;
     double previous_cpu =
-        flags.postmaster > 0 ? idemgate::bench::server_cpu_us(flags.postmaster) : 0;
+        settings.postmaster > 0 ? idemgate::bench::server_cpu_us(settings.postmaster) : 0;
     auto previous = started;
-    for (auto next = started + std::chrono::seconds(flags.sample_s); next <= end;
-         next += std::chrono::seconds(flags.sample_s)) {
+    for (auto next = started + std::chrono::seconds(settings.sample_s); next <= end;
+         next += std::chrono::seconds(settings.sample_s)) {
       std::this_thread::sleep_until(next);
       const auto now = clock::now();
       const std::int64_t n = events.load();
@@ -216,8 +222,8 @@ int main(int argc, char** argv) {
       s.at_s = std::chrono::duration<double>(now - started).count();
       s.events_per_s = static_cast<double>(n - previous_events) /
                        std::chrono::duration<double>(now - previous).count();
-      if (flags.postmaster > 0 && n > previous_events) {
-        const double cpu = idemgate::bench::server_cpu_us(flags.postmaster);
+      if (settings.postmaster > 0 && n > previous_events) {
+        const double cpu = idemgate::bench::server_cpu_us(settings.postmaster);
         s.server_cpu_us_per_event = (cpu - previous_cpu) / static_cast<double>(n - previous_events);
         previous_cpu = cpu;
       }
@@ -243,7 +249,7 @@ int main(int argc, char** argv) {
     bool have_first = false;
     std::int64_t heap_max = 0, index_max = 0;
     for (const Sample& s : samples) {
-      if (s.at_s < flags.keep_s * 2 - 0.5) {
+      if (s.at_s < settings.keep_s * 2 - 0.5) {
         first = s;
         have_first = true;
         continue;
