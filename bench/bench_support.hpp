@@ -19,7 +19,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <initializer_list>
@@ -230,11 +229,7 @@ class Flags {
 
   /// The flag as a positive count, or `fallback`.
   [[nodiscard]] std::int64_t count(const std::string& name, std::int64_t fallback) const {
-    const auto it = values_.find(name);
-    if (it == values_.end()) return fallback;
-    const long long value = std::atoll(it->second.c_str());
-    if (value <= 0) throw std::invalid_argument("--" + name + " must be a positive count");
-    return value;
+    return integer(name, fallback, 1);
   }
 
   /// The flag as a whole number from `min` to `max`, or `fallback`; throws

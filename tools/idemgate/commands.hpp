@@ -312,9 +312,7 @@ class Commands {
     auto out = nlohmann::json::array();
     bool alarm = false;
     // The oldest open transaction is the database's, the same for every gate: told once.
-    std::chrono::seconds oldest_snapshot{0};
-    std::string holder;
-    bool held_too_long = false;
+    std::optional<StoreSignals> held_too_long;
     for (auto& store : scope(false)) {
       const StoreSignals s = store.signals(window);
       const Health h = evaluate(s, thresholds);
@@ -323,11 +321,9 @@ class Commands {
       if (h.upstream_misbehaving) alarms.emplace_back("upstream_misbehaving");
       if (h.stranded_work) alarms.emplace_back("stranded_work");
       if (h.result_mismatch) alarms.emplace_back("result_mismatch");
-      if (h.old_snapshot) alarms.emplace_back("old_snapshot");
-      if (s.oldest_snapshot && !s.oldest_snapshot_holder.empty()) {
-        oldest_snapshot = *s.oldest_snapshot;
-        holder = s.oldest_snapshot_holder;
-        held_too_long = h.old_snapshot;
+      if (h.old_snapshot) {
+        alarms.emplace_back("old_snapshot");
+        held_too_long = s;
       }
       alarm = alarm || !h.healthy();
       char ratio[32];
@@ -370,7 +366,8 @@ class Commands {
                    "vacuum reclaims the rows retention deletes or the versions commits replace, "
                    "and the log grows. End it (pg_terminate_backend, or COMMIT/ROLLBACK "
                    "PREPARED), and bound it with idle_in_transaction_session_timeout\n",
-                   holder.c_str(), format_age(oldest_snapshot).c_str());
+                   held_too_long->oldest_snapshot_holder.c_str(),
+                   format_age(*held_too_long->oldest_snapshot).c_str());
     return alarm ? exit_nothing : exit_ok;
   }
 
