@@ -3,7 +3,7 @@
 //   postgres/gate_relaxed    the same with PostgresOptions::relaxed_reservations
 //   postgres/gate_batch10    process_batch of 10 new events (figures per event)
 //   postgres/bare_insert     the business INSERT alone in its own transaction, same driver
-//   postgres/hand_loop       the gate's own statements (PostgresStore::statements), same
+//   postgres/hand_loop       the gate's own statements (PostgresStore::statement_sql), same
 //                            transactions, written by hand against libpqxx
 //   postgres/duplicate       a redelivery of a committed event (one round trip)
 //   postgres/duplicate_cached the same with GateOptions::cache_capacity (no round trip)

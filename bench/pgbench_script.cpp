@@ -59,24 +59,29 @@ std::string key_lines() {
 
 // The parameters are those PostgresStore::reserve and ::commit bind, in their order.
 std::string event_script() {
-  const auto sql = idemgate::PostgresStore::statements(pg::log_table);
+  const auto sql = [](const idemgate::sql::Statement& statement) {
+    return idemgate::PostgresStore::statement_sql(statement, pg::log_table);
+  };
   // The holder token only has to be non-zero and this attempt's own: the transaction's number.
   const std::string gate = "'" + pg::gate_name + "'";
-  const std::string reserve = with_variables(sql.reserve, {{1, gate},
-                                                           {2, key_expression},
-                                                           {3, ":fingerprint"},
-                                                           {4, ":request"},
-                                                           {5, ":lease_ms"},
-                                                           {6, ":n"}});
+  const std::string reserve =
+      with_variables(sql(idemgate::sql::postgres::reserve), {{1, gate},
+                                                             {2, key_expression},
+                                                             {3, ":fingerprint"},
+                                                             {4, ":request"},
+                                                             {5, ":lease_ms"},
+                                                             {6, ":n"},
+                                                             {7, "''"}});
   const std::string commit =
-      with_variables(sql.commit, {{1, gate}, {2, key_expression}, {3, ":fence"}, {4, ":result"}});
+      with_variables(sql(idemgate::sql::postgres::commit),
+                     {{1, gate}, {2, key_expression}, {3, ":fence"}, {4, ":result"}});
   const std::string business =
       with_variables(pg::business_insert_sql(), {{1, key_expression}, {2, ":outcome"}});
   // The reservation's result columns are unnamed, so pgbench cannot keep its fence (\gset);
   // every key is new, so the fence is always the first one, 1, as the gate would pass it.
   // The gate runs the business write first and the fenced update last (it sends the update
   // unprepared, with literals, through libpqxx's checked path); pgbench prepares every statement.
-  return "-- One gated event, generated from PostgresStore::statements(\"" + pg::log_table +
+  return "-- One gated event, generated from PostgresStore::statement_sql(…, \"" + pg::log_table +
          "\").\n" + key_lines() + "-- The reservation, in autocommit.\n" + reserve + ";\n" +
          "-- The commit: business write and fenced status update in one transaction.\n"
          "BEGIN;\n" +

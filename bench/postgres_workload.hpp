@@ -77,9 +77,9 @@ inline void write_business(pqxx::work& tx, const Key& key, const std::string& re
 }
 
 /// What a careful programmer writes without the library: the gate's own statements
-/// (PostgresStore::statements of `log_table`), prepared once on one connection of the same driver
-/// kept for the loop's life, with the parameters the store sends, and the business write between
-/// them. The log and the business table must exist (the gate's store migrates the log).
+/// (PostgresStore::statement_sql for `log_table`), prepared once on one connection of the same
+/// driver kept for the loop's life, with the parameters the store sends, and the business write
+/// between them. The log and the business table must exist (the gate's store migrates the log).
 ///
 /// - `Transactions::two`: the gate's transactions, in the gate's order: the reservation in
 ///   autocommit, then BEGIN / business INSERT / fenced UPDATE / COMMIT. The gate runs its fenced
@@ -97,9 +97,10 @@ class HandLoop {
   /// Connects to `uri` and prepares the reservation, the fenced update and the business INSERT.
   explicit HandLoop(const std::string& uri, Transactions transactions = Transactions::two)
       : connection_(uri), transactions_(transactions) {
-    const auto sql = PostgresStore::statements(log_table);
-    detail::pq::prepare(connection_, reserve_statement, sql.reserve);
-    detail::pq::prepare(connection_, commit_statement, sql.commit);
+    detail::pq::prepare(connection_, reserve_statement,
+                        PostgresStore::statement_sql(sql::postgres::reserve, log_table));
+    detail::pq::prepare(connection_, commit_statement,
+                        PostgresStore::statement_sql(sql::postgres::commit, log_table));
     detail::pq::prepare(connection_, business_statement, business_insert_sql());
   }
 
@@ -135,7 +136,7 @@ class HandLoop {
                        const std::string& fingerprint_param) {
     const pqxx::result rows =
         detail::pq::exec_prepared(tx, reserve_statement, gate_name, key_param, fingerprint_param,
-                                  request_param_, lease_ms_, ++holder_);
+                                  request_param_, lease_ms_, ++holder_, std::string());
     if (rows.empty() || !detail::pq::bool_field(rows[0][0]))
       throw std::runtime_error("the hand loop met an existing key");
     return detail::pq::int_field(rows[0][1]);

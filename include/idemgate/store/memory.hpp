@@ -6,6 +6,7 @@
 #include "../detail/durations.hpp"
 #include "../record.hpp"
 #include "../signals.hpp"
+#include "log/protocol.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -95,7 +96,8 @@ class MemoryStore {
     }
     ++row.duplicates;
     const bool same = row.fingerprint == fingerprint;
-    if (same && row.status == RecordStatus::in_flight && row.lease_until < now) {
+    // One locked step reserves: it never meets a row of its own.
+    if (detail::met(row.status, same, row.lease_until >= now, false) == detail::Met::expired) {
       taken_over(row, now);
       ++row.fence;
       ++row.attempts;
@@ -114,9 +116,8 @@ class MemoryStore {
     transaction tx;
     std::forward<BusinessWrite>(business)(tx);
     std::lock_guard lock(mutex_);
-    if (already_committed(key, fence)) return CommitStatus::committed;
     Record* row = holder(key, fence);
-    if (row == nullptr) return missed(key, fence);
+    if (row == nullptr) return missed(key, fence, RecordStatus::committed);
     row->status = RecordStatus::committed;
     row->result = std::string(result);
     row->updated_at = clock_();
@@ -184,7 +185,7 @@ class MemoryStore {
     row->updated_at = clock_();
     if (!reason.empty()) {
       row->reason.assign(reason);
-      add_history(*row, "released", reason, row->updated_at);
+      add_history(*row, detail::history::released, reason, row->updated_at);
     }
     return true;
   }
@@ -287,7 +288,7 @@ class MemoryStore {
     it->second.status = RecordStatus::committed;
     it->second.result = std::string(result);
     it->second.updated_at = clock_();
-    add_history(it->second, "resolved", it->second.reason, it->second.updated_at);
+    add_history(it->second, detail::history::resolved, it->second.reason, it->second.updated_at);
     for (auto& effect : tx.effects_) effect();
     return true;
   }
@@ -503,7 +504,7 @@ class MemoryStore {
   }
 
   void redrive(Record& row) {
-    add_history(row, "redriven", row.reason, clock_());
+    add_history(row, detail::history::redriven, row.reason, clock_());
     row.status = RecordStatus::in_flight;
     ++row.fence;
     ++row.attempts;
@@ -520,35 +521,24 @@ class MemoryStore {
     return &row;
   }
 
-  // A fenced write that found no row under its fence: another worker took over or settled the
-  // event (lost lease), or the caller's own reservation or takeover is gone — no row, or the row
-  // back in flight under a lower fence: a crash lost it, and nobody holds the event.
-  CommitStatus missed(const Key& key, std::int64_t fence) const {
-    auto it = rows_.find(key);
-    if (it == rows_.end() ||
-        (it->second.status == RecordStatus::in_flight && it->second.fence < fence))
-      throw StoreError("idemgate: the reservation under fence " + std::to_string(fence) +
-                       " of this event is gone (lost in a crash?); nothing was written. Do not "
-                       "ack: the redelivery or the reconciler takes the event over again.");
-    return CommitStatus::lost_lease;
-  }
-
-  // A commit retried after its first attempt landed must not run the business write again.
-  bool already_committed(const Key& key, std::int64_t fence) const {
-    auto it = rows_.find(key);
-    return it != rows_.end() && it->second.status == RecordStatus::committed &&
-           it->second.fence == fence;
+  // A fenced write that found no row in flight under its fence (see `after_missed_write`): a
+  // repeat of this fence's own write that landed gets the same answer with nothing written
+  // again; another worker took over or settled the event (lost lease); or the caller's own
+  // reservation or takeover is gone (no row, or the row back in flight under a lower fence): a
+  // crash lost it, and nobody holds the event.
+  CommitStatus missed(const Key& key, std::int64_t fence, RecordStatus target) const {
+    std::optional<detail::StoredFence> stored;
+    if (auto it = rows_.find(key); it != rows_.end())
+      stored = detail::StoredFence{it->second.status, it->second.fence};
+    return detail::after_missed_write(stored, fence, target, "the memory store")
+        .value_or(CommitStatus::lost_lease);
   }
 
   CommitStatus settle(const Key& key, std::int64_t fence, RecordStatus status,
                       std::string_view reason) {
     std::lock_guard lock(mutex_);
-    // Repeated under the same fence after it landed: the same answer, nothing written again.
-    auto it = rows_.find(key);
-    if (it != rows_.end() && it->second.status == status && it->second.fence == fence)
-      return CommitStatus::committed;
     Record* row = holder(key, fence);
-    if (row == nullptr) return missed(key, fence);
+    if (row == nullptr) return missed(key, fence, status);
     row->status = status;
     row->reason.assign(reason);
     row->updated_at = clock_();
@@ -569,7 +559,7 @@ class MemoryStore {
   // its entry already.
   static void taken_over(Record& row, std::chrono::system_clock::time_point now) {
     if (row.lease_until != std::chrono::system_clock::time_point{})
-      add_history(row, "taken_over", "lease expired", now);  // as the SQL stores write it
+      add_history(row, detail::history::taken_over, detail::history::lease_expired, now);
   }
 
   static bool matches(const Record& row, const RowQuery& query) {

@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: MIT
-// What the SQL stores share about the log's shape: its columns, and how a row becomes a Record.
+// What the SQL stores share about the log's rows: its columns, and how a row becomes a Record.
 #pragma once
 
-#include "../detail/json_string.hpp"
-#include "../errors.hpp"
-#include "../gate_name.hpp"
-#include "../key.hpp"
-#include "../record.hpp"
+#include "../../detail/json_string.hpp"
+#include "../../errors.hpp"
+#include "../../key.hpp"
+#include "../../record.hpp"
 
 #include <array>
 #include <cctype>
@@ -46,15 +45,6 @@ inline constexpr std::array<std::string_view, 15> log_column_names = {
     "key",         "status",   "fence",      "request",    "fingerprint",
     "result",      "reason",   "duplicates", "created_at", "updated_at",
     "lease_until", "attempts", "gate",       "label",      "history"};
-
-/// The column that names the gate a row belongs to; '' for rows written before logs knew their
-/// gates (they belong to no gate until an operator assigns them, see `adopt_unowned_rows`).
-inline constexpr std::string_view gate_column = "gate";
-
-/// The history entry of a takeover after the holder's lease ran out: its outcome and reason
-/// (see `HistoryEntry`).
-inline constexpr std::string_view taken_over_outcome = "taken_over";
-inline constexpr std::string_view lease_expired = "lease expired";
 
 /// Whether a column holds an instant (the stores read it as microseconds since the epoch).
 [[nodiscard]] constexpr bool is_instant(LogColumn column) noexcept {
@@ -287,25 +277,6 @@ template <log_row Row, class Age>
     if (!(std::isalnum(u) || u == '_')) return false;
   }
   return true;
-}
-
-/// What became of a row after a fenced update touched nothing, read back as its status and
-/// fence.
-enum class Settled {
-  by_this_attempt,  ///< It holds `target` under this attempt's fence: an earlier try landed.
-  still_held,       ///< It is still in flight under this attempt's fence.
-  taken_over,       ///< Another attempt took it over (a higher fence), or it settled otherwise.
-  fence_went_back,  ///< In flight under a lower fence: this attempt's takeover was lost.
-};
-
-/// Reads a row's `status` and `stored` fence after this attempt's (`fence`) fenced update to
-/// `target` touched nothing.
-[[nodiscard]] constexpr Settled settled_state(RecordStatus status, std::int64_t stored,
-                                              std::int64_t fence, RecordStatus target) noexcept {
-  if (status == RecordStatus::in_flight && stored < fence) return Settled::fence_went_back;
-  if (stored == fence && status == target) return Settled::by_this_attempt;
-  if (stored == fence && status == RecordStatus::in_flight) return Settled::still_held;
-  return Settled::taken_over;
 }
 
 }  // namespace idemgate::detail

@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: MIT
+// PostgresStore's per-event path: reserve, commit, fail, escalate, release, find.
+#pragma once
+
+#include "../../detail/postgres/pqxx_compat.hpp"
+#include "../../errors.hpp"
+#include "../../key.hpp"
+#include "../../record.hpp"
+#include "../log/protocol.hpp"
+#include "../log/row.hpp"
+#include "session.hpp"
+#include "sql/events.hpp"
+#include "values.hpp"
+
+#include <pqxx/pqxx>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace idemgate::detail::postgres {
+
+/// One event's way through the log: its reservation, its commit with the business write, or its
+/// failure, escalation or release; and its row.
+class EventPath {
+ public:
+  /// On the handle's scope.
+  explicit EventPath(Scope scope) noexcept : s_(scope.session), gate_(scope.gate) {}
+
+  /// See `PostgresStore::reserve`.
+  Reservation reserve(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                      std::chrono::milliseconds lease, std::string_view label) {
+    const std::string key_param = pq::bytea_param(key.view());
+    const std::string fingerprint_param =
+        pq::bytea_param({reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
+    const std::string request_param = pq::bytea_param(request);
+    const std::string label_text(label);
+    const std::int64_t lease_ms = sql_duration<std::chrono::milliseconds>(lease);
+    // This attempt's token: when a reply is lost and the statement runs again, the row it finds
+    // is recognised as this attempt's own instead of "another worker holds this key".
+    const std::int64_t holder = new_holder_token();
+    bool tried_takeover = false;
+    // Under READ COMMITTED the conflicting row may have committed after this statement's
+    // snapshot: the insert then does nothing and the read sees nothing. A new statement has a
+    // new snapshot, so the loop ends as soon as the row is visible.
+    for (int attempt = 0; attempt < 32; ++attempt) {
+      const pqxx::result rows =
+          s_.reserving(sql::postgres::reserve, gate_, key_param, fingerprint_param, request_param,
+                       lease_ms, holder, label_text);
+      if (rows.empty()) continue;
+      const pq::row row = rows[0];
+      const std::int64_t fence = pq::int_field(row[1]);
+      if (pq::bool_field(row[0])) return Reservation::acquired(fence);
+      Reservation found = Reservation::existing(fence, parse_record_status(pq::text_field(row[2])),
+                                                pq::bool_field(row[3]), pq::bytea_field(row[5]),
+                                                pq::text_field(row[6]));
+      switch (
+          met(found.status, found.same_request, pq::bool_field(row[4]), pq::bool_field(row[7]))) {
+        case Met::own:
+          return tried_takeover ? Reservation::taken_over(fence) : Reservation::acquired(fence);
+        case Met::expired: {
+          tried_takeover = true;
+          const pqxx::result taken =
+              s_.reserving(sql::postgres::take_over, gate_, key_param, fence, lease_ms, holder);
+          if (!taken.empty()) return Reservation::taken_over(pq::int_field(taken[0][0]));
+          // Another worker took it over first, or this attempt's own takeover landed and its
+          // reply was lost: read the row again to tell which.
+          continue;
+        }
+        case Met::existing:
+          break;
+      }
+      if (found.status == RecordStatus::in_flight) make_durable(key_param);
+      return found;
+    }
+    throw StoreError("idemgate: the reservation of key " + key.hex() +
+                     " kept racing with concurrent releases; the store is overloaded. Do not ack;"
+                     " the redelivery will try again.");
+  }
+
+  /// See `PostgresStore::commit`.
+  template <class BusinessWrite>
+  CommitStatus commit(const Key& key, std::int64_t fence, std::string_view result,
+                      BusinessWrite&& business) {
+    return s_.retrying(committing(key), [&](Lease& c, int attempt) -> CommitStatus {
+      if (const auto landed = landed_before(c, key, fence, attempt)) return *landed;
+      // The update is an EXECUTE of the prepared commit, prepared here (outside the transaction)
+      // if this connection has not yet: the server neither parses nor plans it per event.
+      const std::string update =
+          std::string(sql::postgres::open_transaction_check.text) + " " +
+          s_.execute_text(c, sql::postgres::commit, commit_literals(key, fence, result));
+      pqxx::work tx(c.connection());
+      // The business write goes first and the fenced update last, sent so that libpqxx checks
+      // the transaction is still open: a business write that swallowed an SQL error, or ended
+      // the transaction itself, is caught here instead of its statements and the status
+      // committing apart.
+      s_.run_business_write(key, [&] { business(tx); });
+      return finish(c, tx, update, key, fence);
+    });
+  }
+
+  /// See `PostgresStore::commit_computed`.
+  template <class Produce>
+  CommitStatus commit_computed(const Key& key, std::int64_t fence, Produce&& produce) {
+    return s_.retrying(committing(key), [&](Lease& c, int attempt) -> CommitStatus {
+      if (const auto landed = landed_before(c, key, fence, attempt)) return *landed;
+      pqxx::work tx(c.connection());
+      std::string result;
+      s_.run_business_write(key, [&] { result = produce(tx); });
+      // The result is known only now, inside the transaction: the update goes as its own text.
+      const std::string update =
+          std::string(sql::postgres::open_transaction_check.text) + " " +
+          s_.literal_text(sql::postgres::commit, commit_literals(key, fence, result));
+      return finish(c, tx, update, key, fence);
+    });
+  }
+
+  /// See `PostgresStore::fail` and `PostgresStore::escalate`: stores `target` with `reason`,
+  /// only if `fence` still holds.
+  CommitStatus settle(const sql::Statement& statement, const Key& key, std::int64_t fence,
+                      std::string_view reason, RecordStatus target) {
+    const std::string key_param = pq::bytea_param(key.view());
+    const std::string reason_text(reason);
+    return s_.run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      if (pq::affected_rows(s_.exec(c, tx, statement, gate_, key_param, fence, reason_text)) > 0)
+        return CommitStatus::committed;
+      return s_.settled_earlier(c, tx, gate_, key_param, fence, target);
+    });
+  }
+
+  /// See `PostgresStore::release`.
+  bool release(const Key& key, std::int64_t fence, std::string_view reason) {
+    const std::string key_param = pq::bytea_param(key.view());
+    const std::string reason_text(reason);
+    try {
+      return s_.run([&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
+        return pq::affected_rows(s_.exec(c, tx, sql::postgres::release, gate_, key_param, fence,
+                                         reason_text)) > 0;
+      });
+    } catch (const std::exception& e) {
+      // Callers give leases back on their way out of a failure and cannot do anything more
+      // about this one: say so here, where it happened.
+      s_.log("idemgate: could not release the lease of key " + key.hex() + " (fence " +
+             std::to_string(fence) + "): " + e.what() +
+             " Safe: the lease runs out by itself, then a redelivery or the reconciler takes the "
+             "event over; until then, redeliveries of it answer \"in flight\".");
+      throw;
+    }
+  }
+
+  /// See `PostgresStore::find`.
+  std::optional<Record> find(const Key& key) {
+    const std::string key_param = pq::bytea_param(key.view());
+    const pqxx::result rows = s_.run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return s_.exec(c, tx, sql::postgres::find, gate_, key_param);
+    });
+    if (rows.empty()) return std::nullopt;
+    return to_record(PqRow{rows[0]});
+  }
+
+  /// With relaxed reservations, an in-flight row another attempt reserved may not be flushed yet:
+  /// a database crash could still lose it, and with it the event, once the caller has acked the
+  /// "in flight" answer. Before that answer goes out, one synchronous commit on the durable pool
+  /// flushes the WAL up to here, the other attempt's reservation included: a no-op update of the
+  /// row (a commit that wrote nothing would not wait for the flush). Without relaxed reservations
+  /// every reservation is flushed before its answer: nothing to do.
+  void make_durable(const std::string& key_param) {
+    if (!s_.relaxed()) return;
+    s_.run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return s_.exec(c, tx, sql::postgres::make_durable, gate_, key_param);
+    });
+  }
+
+  /// The literals of the commit's fenced update: gate, key, fence, result.
+  [[nodiscard]] std::array<std::string, 4> commit_literals(const Key& key, std::int64_t fence,
+                                                           std::string_view result) const {
+    return {"'" + gate_ + "'", pq::bytea_literal(key.view()), std::to_string(fence),
+            pq::bytea_literal(result)};
+  }
+
+ private:
+  // How a commit of `key` is named when its attempts fail.
+  static RetriedWork committing(const Key& key) {
+    return {"commit", " for key " + key.hex(), [hex = key.hex()](int n, const std::string& why) {
+              return StoreError("idemgate: the commit of key " + hex +
+                                " could not be confirmed after " + std::to_string(n) +
+                                " attempts (" + why +
+                                "). Do not ack: the row stays in flight and a redelivery after "
+                                "its lease, or the reconciler, finishes it.");
+            }};
+  }
+
+  // A repeated attempt first finds out whether the previous one's COMMIT landed before its
+  // connection broke, so that the business write never runs twice for one fence.
+  std::optional<CommitStatus> landed_before(Lease& c, const Key& key, std::int64_t fence,
+                                            int attempt) {
+    if (attempt == 1) return std::nullopt;
+    pqxx::nontransaction check(c.connection());
+    return s_.settled(c, check, gate_, pq::bytea_param(key.view()), fence, RecordStatus::committed);
+  }
+
+  // Sends the fenced update after the business write and commits, or rolls back and says why
+  // the fence no longer held.
+  CommitStatus finish(Lease& c, pqxx::work& tx, const std::string& update, const Key& key,
+                      std::int64_t fence) {
+    if (pq::affected_rows(s_.checked(tx, update, key)) == 0) {
+      tx.abort();
+      pqxx::nontransaction check(c.connection());
+      return s_.settled_earlier(c, check, gate_, pq::bytea_param(key.view()), fence,
+                                RecordStatus::committed);
+    }
+    tx.commit();
+    return CommitStatus::committed;
+  }
+
+  Session& s_;
+  const std::string& gate_;
+};
+
+}  // namespace idemgate::detail::postgres

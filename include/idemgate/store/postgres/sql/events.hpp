@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: MIT
+// PostgreSQL: the statements of one event's path, reservation to commit, as data.
+#pragma once
+
+#include "../../sql.hpp"
+
+namespace idemgate::sql::postgres {
+
+/// The reservation: inserts the key as in flight; when it exists, counts the duplicate and
+/// returns the stored row. One statement, one round trip, either way.
+inline constexpr Statement reserve{
+    "idemgate_reserve",
+    "$1 gate, $2 key, $3 fingerprint, $4 request, $5 lease (ms), $6 holder token, $7 label ('' "
+    "for none)",
+    R"sql(
+WITH claimed AS (
+  INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, holder,
+                     attempts, label)
+  VALUES ($1::text, $2::bytea, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',
+          $3::bytea, $4::bytea, $6::bigint, 1, nullif($7::text, ''))
+  ON CONFLICT (gate, key) DO NOTHING
+  RETURNING fence),
+-- A row this attempt wrote itself (its reply was lost) is not a duplicate: it comes back as
+-- `mine`, its lease renewed from now, so the attempt goes on with a whole lease and no
+-- reconciler takes the event over under it.
+seen AS (
+  UPDATE {log}
+     SET duplicates = duplicates + CASE WHEN holder = $6::bigint THEN 0 ELSE 1 END,
+         lease_until = CASE WHEN holder = $6::bigint AND status = 'in_flight'
+                            THEN now() + $5::bigint * interval '1 millisecond'
+                            ELSE lease_until END
+   WHERE gate = $1::text AND key = $2::bytea AND NOT EXISTS (SELECT 1 FROM claimed)
+  RETURNING fence, status, fingerprint = $3::bytea AS same, lease_until >= now() AS live,
+            result, reason, holder = $6::bigint AS mine)
+SELECT true, fence, NULL::text, NULL::boolean, NULL::boolean, NULL::bytea, NULL::text, true
+  FROM claimed
+UNION ALL
+SELECT false, fence, status, same, live, result, reason, mine FROM seen
+)sql"};
+
+/// Takes an expired lease over: the next fence, a new lease and holder, one more attempt.
+///
+/// Every statement that finds one row by its key tests `status IN ('in_flight', '')` ('' is
+/// never a status): the same rows as `status = 'in_flight'`, without implying the in-flight
+/// index's predicate, so the planner takes the row by its primary key instead of walking that
+/// partial index, which holds an entry for every version reserved since the oldest snapshot while
+/// one is held open (2,700 buffers against 5 on a log of 100,000 such versions).
+inline constexpr Statement take_over{
+    "idemgate_take_over", "$1 gate, $2 key, $3 fence, $4 lease (ms), $5 holder token", R"sql(
+UPDATE {log}
+   SET fence = fence + 1, lease_until = now() + $4::bigint * interval '1 millisecond',
+       updated_at = now(), holder = $5::bigint, attempts = attempts + 1,
+       history = {taken_over_history()}
+ WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')
+   AND fence = $3::bigint AND lease_until < now()
+RETURNING fence
+)sql"};
+
+/// The fenced status update of the commit transaction (it follows the business write).
+inline constexpr Statement commit{"idemgate_commit", "$1 gate, $2 key, $3 fence, $4 result", R"sql(
+UPDATE {log}
+   SET status = 'committed', result = $4::bytea, updated_at = now()
+ WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')
+   AND fence = $3::bigint
+)sql"};
+
+/// Sent in front of the status update after a business write, in the same round trip: PostgreSQL
+/// refuses a SAVEPOINT outside a transaction block, so when the business write ended the
+/// transaction itself (ROLLBACK, COMMIT) and went on, the update fails instead of committing on
+/// its own.
+inline constexpr Statement open_transaction_check{
+    "open_transaction_check", "", "SAVEPOINT idemgate_open; RELEASE SAVEPOINT idemgate_open;"};
+
+/// Stores a permanent failure (fenced).
+inline constexpr Statement fail{"idemgate_fail", "$1 gate, $2 key, $3 fence, $4 reason", R"sql(
+UPDATE {log}
+   SET status = 'failed', reason = $4::text, updated_at = now(),
+       history = {history_with('failed', $4::text)}
+ WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')
+   AND fence = $3::bigint
+)sql"};
+
+/// Parks the key for a human (fenced).
+inline constexpr Statement escalate{"idemgate_escalate", "$1 gate, $2 key, $3 fence, $4 reason",
+                                    R"sql(
+UPDATE {log}
+   SET status = 'escalated', reason = $4::text, updated_at = now(),
+       history = {history_with('escalated', $4::text)}
+ WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')
+   AND fence = $3::bigint
+)sql"};
+
+/// Ends the lease after a transient failure (fenced). The row stays in flight: the next delivery
+/// takes it over with a higher fence (a worker still holding the old fence can never commit), and
+/// if no delivery comes back the reconciler finishes the event.
+inline constexpr Statement release{"idemgate_release",
+                                   "$1 gate, $2 key, $3 fence, $4 reason ('' for none)", R"sql(
+UPDATE {log}
+   SET lease_until = 'epoch', updated_at = now(),
+       reason = CASE WHEN $4::text = '' THEN reason ELSE $4::text END,
+       history = CASE WHEN $4::text = '' THEN history
+                      ELSE {history_with('released', $4::text)} END
+ WHERE gate = $1::text AND key = $2::bytea AND status IN ('in_flight', '')
+   AND fence = $3::bigint
+)sql"};
+
+/// Reads one row.
+inline constexpr Statement find{"idemgate_find", "$1 gate, $2 key", R"sql(
+SELECT {record_columns} FROM {log} WHERE gate = $1::text AND key = $2::bytea
+)sql"};
+
+/// Reads status and fence after a fenced update missed.
+inline constexpr Statement settled{"idemgate_settled", "$1 gate, $2 key", R"sql(
+SELECT status, fence FROM {log} WHERE gate = $1::text AND key = $2::bytea
+)sql"};
+
+/// A no-op update whose synchronous commit flushes the WAL up to here (relaxed reservations: before
+/// an "in flight" answer goes out, the other attempt's reservation must be durable).
+inline constexpr Statement make_durable{"idemgate_make_durable", "$1 gate, $2 key", R"sql(
+UPDATE {log} SET duplicates = duplicates WHERE gate = $1::text AND key = $2::bytea
+)sql"};
+
+}  // namespace idemgate::sql::postgres

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: MIT
+// SQLite: the statements of the signals, the mismatches and retention, as data.
+#pragma once
+
+#include "../../sql.hpp"
+
+namespace idemgate::sql::sqlite {
+
+/// The three signals over the events reserved since `?2`, as the columns `signals_from` reads:
+/// one statement, one consistent snapshot.
+inline constexpr Statement signals{"signals", "?1 gate, ?2 since (µs)", R"sql(
+SELECT w.events, w.duplicates, f.n, f.oldest, e.n, m.keys, a.n, f.retrying FROM
+  (SELECT count(*) AS events, coalesce(sum(duplicates), 0) AS duplicates FROM {log}
+    WHERE gate = ?1 AND created_at >= ?2) AS w,
+  (SELECT count(*) AS n, min(created_at) AS oldest,
+          coalesce(sum(attempts > 1), 0) AS retrying FROM {log}
+    WHERE gate = ?1 AND status = 'in_flight') AS f,
+  (SELECT count(*) AS n FROM {log} WHERE gate = ?1 AND status = 'escalated') AS e,
+  (SELECT count(DISTINCT key) AS keys FROM {mismatches} WHERE gate = ?1 AND at >= ?2) AS m,
+  (SELECT count(*) AS n FROM {mismatches} WHERE gate = ?1) AS a
+)sql"};
+
+/// Keeps a downstream answer that differed from the stored one.
+inline constexpr Statement record_mismatch{
+    "record_mismatch", "?1 gate, ?2 key, ?3 stored, ?4 observed, ?5 source, ?6 now (µs)", R"sql(
+INSERT INTO {mismatches} (gate, key, stored, observed, source, at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+)sql"};
+
+/// Lists mismatches, newest first (rowid breaks ties within a microsecond).
+inline constexpr Statement mismatches{"mismatches", "?1 gate, ?2 limit", R"sql(
+SELECT key, stored, observed, source, at FROM {mismatches}
+ WHERE gate = ?1 ORDER BY at DESC, rowid DESC LIMIT ?2
+)sql"};
+
+/// Deletes one batch of finished rows past the cutoff.
+inline constexpr Statement purge{"purge", "?1 gate, ?2 cutoff (µs), ?3 limit", R"sql(
+DELETE FROM {log}
+ WHERE gate = ?1 AND key IN (SELECT key FROM {log}
+                              WHERE gate = ?1 AND created_at < ?2 AND updated_at < ?2
+                                AND status IN ('committed', 'failed') LIMIT ?3)
+)sql"};
+
+}  // namespace idemgate::sql::sqlite
