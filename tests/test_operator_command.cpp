@@ -601,7 +601,22 @@ TEST(OperatorCommandAlone, MigrateCreatesAnSqliteLogThatCheckAccepts) {
   EXPECT_EQ(idemgate_run({"check", "--store", path}).rc, 3);
   const Ran m = idemgate_run({"migrate", "--store", path});
   EXPECT_EQ(m.rc, 0) << m.err;
+  EXPECT_NE(m.out.find("migrated the log idemgate_log from version 0 to 5"), std::string::npos)
+      << m.out;
+  std::size_t applied = 0;
+  for (auto at = m.out.find(" applied "); at != std::string::npos;
+       at = m.out.find(" applied ", at + 1))
+    ++applied;
+  EXPECT_EQ(applied, 5U) << "each step, applied, in the table\n" << m.out;
+  EXPECT_NE(m.out.find(" gates "), std::string::npos) << m.out;
   EXPECT_EQ(idemgate_run({"check", "--store", path}).rc, 0);
+  const Ran again = idemgate_run({"migrate", "--store", path, "--json"});
+  EXPECT_EQ(again.rc, 0) << again.err;
+  const auto report = nlohmann::json::parse(again.out);
+  EXPECT_EQ(report["from_version"], 5);
+  EXPECT_EQ(report["to_version"], 5);
+  EXPECT_TRUE(report["applied"].empty()) << again.out;
+  EXPECT_TRUE(report["found"].empty()) << again.out;
   fs::remove_all(dir);
 }
 

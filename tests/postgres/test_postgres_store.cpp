@@ -6,6 +6,7 @@
 #include "support/pg_bookings.hpp"
 #include "support/postgres.hpp"
 #include "support/slot_request.hpp"
+#include "support/statement_catalogue.hpp"
 
 #include <idemgate/gate.hpp>
 #include <idemgate/store/postgres.hpp>
@@ -50,6 +51,20 @@ class PostgresGate : public idemgate::test::PgBookingsTest {
 const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
 
 }  // namespace
+
+TEST(PostgresStatements, EachIsNamedOnceRenderedWholeAndListsTheParametersItUses) {
+  const auto render = [](const idemgate::sql::Statement& statement) {
+    return PostgresStore::statement_sql(statement, "ops.log");
+  };
+  idemgate::test::check_catalogue(idemgate::sql::postgres::prepared, render);
+  idemgate::test::check_history_words(idemgate::sql::postgres::prepared, render);
+}
+
+TEST(PostgresStatements, MigrationsAreNumberedWithoutGapsAndRenderWhole) {
+  idemgate::test::check_migrations(PostgresStore::migrations(), [](std::string_view text) {
+    return idemgate::detail::postgres::Session::render_for("ops.log", text);
+  });
+}
 
 TEST_F(PostgresGate, MigrateIsIdempotentAndMatchesTheShippedSchema) {
   auto store = make_store();

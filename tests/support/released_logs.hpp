@@ -14,7 +14,8 @@
 // whole. Shapes 4 and 5 on PostgreSQL run index_sql() without CONCURRENTLY, as that version's
 // migrate() itself ran it behind a transaction pooler, so each script runs in one transaction.
 //
-// HEAD (869246a) creates shape 5 on both stores: its schema_sql() and index_sql() are 16f1eac's.
+// The last version before numbered migrations (869246a) created shape 5 on both stores: its
+// schema_sql() and index_sql() were 16f1eac's.
 
 #include <cctype>
 #include <cstddef>
@@ -270,8 +271,9 @@ inline std::string released_pg_log_4(const std::string& t) {
          name + "_created ON " + t + " USING brin (created_at);\n";
 }
 
-/// PostgreSQL shape 5, 16f1eac (and HEAD): adds `label text` and `history jsonb` after attempts,
-/// and index_sql()'s `_gate_failed` index (gate, updated_at) WHERE status = 'failed'.
+/// PostgreSQL shape 5, 16f1eac (unchanged up to 869246a): adds `label text` and `history jsonb`
+/// after attempts, and index_sql()'s `_gate_failed` index (gate, updated_at) WHERE status =
+/// 'failed'.
 inline std::string released_pg_log_5(const std::string& t) {
   const std::string name = released_detail::unqualified(released_detail::pg_table(t));
   // schema_sql()
@@ -612,8 +614,8 @@ inline std::string released_sqlite_log_4(const std::string& t) {
          t + "_mismatches_at ON " + t + "_mismatches (gate, at);\n";
 }
 
-/// SQLite shape 5, 16f1eac (and HEAD): adds `label TEXT` and `history TEXT` (JSON) after
-/// attempts; indexes and mismatches table as in shape 4.
+/// SQLite shape 5, 16f1eac (unchanged up to 869246a): adds `label TEXT` and `history TEXT` (JSON)
+/// after attempts; indexes and mismatches table as in shape 4.
 inline std::string released_sqlite_log_5(const std::string& t) {
   released_detail::sqlite_table(t);
   // log_table_sql("CREATE TABLE IF NOT EXISTS ", t)

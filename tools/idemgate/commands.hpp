@@ -7,6 +7,7 @@
 #include <idemgate/concepts.hpp>
 #include <idemgate/record.hpp>
 #include <idemgate/signals.hpp>
+#include <idemgate/store/log/migration.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -609,13 +610,42 @@ class Commands {
     return total == 0 ? exit_nothing : exit_ok;
   }
 
-  /// `migrate`: creates the log, or brings an earlier version's to this one's shape.
+  /// `migrate`: creates the log, or applies the numbered steps an earlier version's lacks; says
+  /// which steps it applied, and which a log made before versions were recorded already had.
   int migrate() {
-    root_.migrate();
-    if (c_.json)
-      print_json({{"migrated", true}, {"table", c_.table}});
+    const idemgate::MigrationReport report = root_.migrate();
+    if (c_.json) {
+      const auto steps = [](const std::vector<idemgate::MigrationStep>& list) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const idemgate::MigrationStep& step : list)
+          out.push_back({{"version", step.version},
+                         {"name", step.name},
+                         {"summary", step.summary},
+                         {"took_ms", step.took.count()}});
+        return out;
+      };
+      print_json({{"table", report.table},
+                  {"from_version", report.from_version},
+                  {"to_version", report.to_version},
+                  {"applied", steps(report.applied)},
+                  {"found", steps(report.found)}});
+      return exit_ok;
+    }
+    if (report.changed()) {
+      Table table({"VERSION", "NAME", "DONE", "TOOK", "WHAT"});
+      for (const idemgate::MigrationStep& step : report.found)
+        table.add({std::to_string(step.version), step.name, "found in place", "-", step.summary});
+      for (const idemgate::MigrationStep& step : report.applied)
+        table.add({std::to_string(step.version), step.name, "applied",
+                   std::to_string(step.took.count()) + " ms", step.summary});
+      table.print(stdout);
+    }
+    if (report.applied.empty())
+      std::printf("the log %s is at version %d: nothing to apply\n", report.table.c_str(),
+                  report.to_version);
     else
-      std::printf("migrated: the log %s has this version's shape\n", c_.table.c_str());
+      std::printf("migrated the log %s from version %d to %d\n", report.table.c_str(),
+                  report.from_version, report.to_version);
     return exit_ok;
   }
 

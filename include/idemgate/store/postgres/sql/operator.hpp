@@ -84,7 +84,11 @@ SELECT {record_columns} FROM {log} {row_filter()}
 
 /// Counts rows by an operator's filters. It takes `rows`' parameters, the limit included, so that
 /// both bind the same list.
-inline constexpr Statement count{"idemgate_count", "as rows", R"sql(
+inline constexpr Statement count{
+    "idemgate_count",
+    "$1 gate, $2 status ('' for any), $3 by reason, $4 reason, $5 label contains ('' for any), "
+    "$6 from on, $7 from (µs), $8 to on, $9 to (µs), $10 limit (unused)",
+    R"sql(
 SELECT count(*) FROM {log} {row_filter()} AND $10::bigint IS NOT NULL
 )sql"};
 

@@ -76,8 +76,11 @@ SELECT {record_columns} FROM {log} {row_filter()} ORDER BY updated_at DESC, key 
 
 /// Counts rows by an operator's filters. It takes `rows`' parameters, the limit included, so that
 /// both bind the same list.
-inline constexpr Statement count{"count", "as rows",
-                                 "SELECT count(*) FROM {log} {row_filter()} AND ?7 IS NOT NULL"};
+inline constexpr Statement count{
+    "count",
+    "?1 gate, ?2 status (NULL for any), ?3 reason (NULL for any), ?4 label contains ('' for "
+    "any), ?5 from (µs, NULL for none), ?6 to (µs, NULL for none), ?7 limit (unused)",
+    "SELECT count(*) FROM {log} {row_filter()} AND ?7 IS NOT NULL"};
 
 /// Groups the failed and escalated rows by cause, most rows first (then the most recent).
 inline constexpr Statement causes{"causes", "?1 gate, ?2 limit", R"sql(
