@@ -4,6 +4,7 @@
 // leaving the log and its record as they were.
 
 #include "support/released_logs.hpp"
+#include "support/released_rows.hpp"
 #include "support/sqlite_files.hpp"
 
 #include <idemgate/detail/crypto/sha256.hpp>
@@ -24,7 +25,6 @@ namespace {
 
 using idemgate::Key;
 using idemgate::MigrationReport;
-using idemgate::RecordStatus;
 using idemgate::SqliteStore;
 using idemgate::test::sqlite::open_raw;
 using idemgate::test::sqlite::TempDir;
@@ -125,23 +125,8 @@ TEST_P(ReleasedSqliteLog, IsUpgradedStepByStepAndKeepsEveryRowReadable) {
 
   // Every row kept, as the old version wrote it, belonging to no gate.
   EXPECT_EQ(count(path, "SELECT count(*) FROM idemgate_log WHERE gate = ''"), rows);
-  const RecordStatus by_remainder[] = {RecordStatus::in_flight, RecordStatus::committed,
-                                       RecordStatus::failed, RecordStatus::escalated};
-  for (int i = 1; i <= rows; ++i) {
-    const auto row = store.find(key_of(i));
-    ASSERT_TRUE(row.has_value()) << "row " << i;
-    EXPECT_EQ(row->status, by_remainder[i % 4]) << "row " << i;
-    EXPECT_EQ(row->request, "{\"order\":" + std::to_string(i) + "}");
-    if (row->status == RecordStatus::committed) {
-      EXPECT_EQ(row->result, "{\"booking\":" + std::to_string(i) + "}");
-    }
-    if (row->status == RecordStatus::failed) {
-      EXPECT_EQ(row->reason, "downstream answered 422");
-    }
-    EXPECT_EQ(row->duplicates, shape >= 2 ? i % 3 : 0) << "row " << i;
-    EXPECT_EQ(row->label, shape >= 5 && i % 3 == 0 ? "order " + std::to_string(i) : "");
-    EXPECT_EQ(row->gate, "");
-  }
+  for (int i = 1; i <= rows; ++i)
+    idemgate::test::expect_released_row(store.find(key_of(i)), i, shape);
   EXPECT_EQ(store.mismatches(10).size(), shape >= 2 ? 2U : 0U);
 
   // The upgraded log has the newest shape: the same as a new log made by every step.

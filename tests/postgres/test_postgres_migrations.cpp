@@ -5,6 +5,7 @@
 
 #include "support/postgres.hpp"
 #include "support/released_logs.hpp"
+#include "support/released_rows.hpp"
 
 #include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/key.hpp>
@@ -24,7 +25,6 @@ namespace {
 using idemgate::Key;
 using idemgate::MigrationReport;
 using idemgate::PostgresStore;
-using idemgate::RecordStatus;
 using idemgate::test::pg_count;
 using idemgate::test::pg_exec;
 using namespace std::chrono_literals;
@@ -130,23 +130,8 @@ TEST_P(ReleasedPostgresLog, IsUpgradedStepByStepOnlineAndKeepsEveryRowReadable) 
             released.shape);
   EXPECT_FALSE(store.migrate().changed());
 
-  const RecordStatus by_remainder[] = {RecordStatus::in_flight, RecordStatus::committed,
-                                       RecordStatus::failed, RecordStatus::escalated};
-  for (int i = 1; i <= rows; ++i) {
-    const auto row = store.find(key_of(i));
-    ASSERT_TRUE(row.has_value()) << "row " << i;
-    EXPECT_EQ(row->status, by_remainder[i % 4]) << "row " << i;
-    EXPECT_EQ(row->request, "{\"order\":" + std::to_string(i) + "}");
-    if (row->status == RecordStatus::committed) {
-      EXPECT_EQ(row->result, "{\"booking\":" + std::to_string(i) + "}");
-    }
-    if (row->status == RecordStatus::escalated) {
-      EXPECT_EQ(row->reason, "poison: gave up after 5 attempts");
-    }
-    EXPECT_EQ(row->duplicates, released.shape >= 2 ? i % 3 : 0) << "row " << i;
-    EXPECT_EQ(row->label, released.shape >= 5 && i % 3 == 0 ? "order " + std::to_string(i) : "");
-    EXPECT_EQ(row->gate, "");
-  }
+  for (int i = 1; i <= rows; ++i)
+    idemgate::test::expect_released_row(store.find(key_of(i)), i, released.shape);
   EXPECT_EQ(store.mismatches(10).size(), released.shape >= 2 ? 2U : 0U);
 
   // The newest shape: the same columns, constraints and indexes as a new log made by every step.
