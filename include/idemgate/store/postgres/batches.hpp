@@ -177,7 +177,7 @@ class Batches {
     bool may_have_landed = false;
     using Answer = std::optional<std::vector<CommitStatus>>;
     return s_.retrying(
-        grouped_work("batch commit", items.size()),
+        RetriedWork{"batch commit", nullptr, items.size()},
         [&](Lease& c, int) -> Answer {
           if (may_have_landed) {
             pqxx::nontransaction check(c.connection());

@@ -188,15 +188,7 @@ class EventPath {
 
  private:
   // How a commit of `key` is named when its attempts fail.
-  static RetriedWork committing(const Key& key) {
-    return {"commit", " for key " + key.hex(), [hex = key.hex()](int n, const std::string& why) {
-              return StoreError("idemgate: the commit of key " + hex +
-                                " could not be confirmed after " + std::to_string(n) +
-                                " attempts (" + why +
-                                "). Do not ack: the row stays in flight and a redelivery after "
-                                "its lease, or the reconciler, finishes it.");
-            }};
-  }
+  static RetriedWork committing(const Key& key) { return {"commit", &key}; }
 
   // A repeated attempt first finds out whether the previous one's COMMIT landed before its
   // connection broke, so that the business write never runs twice for one fence.

@@ -46,7 +46,7 @@ class GroupCommit {
     std::size_t restarts = 0;
     const EventPath events(scope_);
     return s_.retrying(
-        grouped_work("group commit", items.size()),
+        RetriedWork{"group commit", nullptr, items.size()},
         [&](Lease& lease, int) -> std::vector<ItemCommit> {
           if (!in_doubt.empty()) {
             // One transaction: all of it landed, or none. Ask each item's row.

@@ -46,13 +46,8 @@ class OperatorQueue {
     const std::string update = s_.literal_text(sql::postgres::resolve, literals);
     const std::string key_param = pq::bytea_param(key.view());
     const RetriedWork resolving{
-        "commit", " for key " + key.hex(), [hex = key.hex()](int n, const std::string& why) {
-          return StoreError("idemgate: the resolution of key " + hex +
-                            " could not be confirmed after " + std::to_string(n) + " attempts (" +
-                            why +
-                            "). Do not ack: the row stays escalated unless it landed; "
-                            "find(key) tells.");
-        }};
+        "commit", &key, 0,
+        "the row stays escalated unless the commit landed; find(key) tells which."};
     return s_.retrying(resolving, [&](Lease& c, int attempt) {
       if (attempt > 1) {
         // The previous attempt's COMMIT may have landed: never run the business write twice.

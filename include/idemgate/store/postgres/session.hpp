@@ -38,26 +38,20 @@ namespace idemgate::detail::postgres {
 
 using Lease = ConnectionPool::Lease;
 
-/// How a transaction the store retries is named in what it says when an attempt fails: the log
-/// line (`what` attempt n of m `subject` failed …) and the error once the attempts ran out.
+/// How a transaction the store retries is named in what it says when an attempt fails (the log
+/// line "<what> attempt n of m … failed", and the error once the attempts ran out), built only
+/// then.
 struct RetriedWork {
   /// "commit", "group commit", "batch commit".
-  std::string what;
-  /// " for key …", or empty.
-  std::string subject;
-  /// The error once `commit_attempts` ran out, from their number and the last failure.
-  std::function<StoreError(int attempts, const std::string& why)> give_up;
+  const char* what;
+  /// The key of one event's transaction; nullptr for a batch or a group.
+  const Key* key = nullptr;
+  /// The events of a batch or a group.
+  std::size_t events = 0;
+  /// What becomes of one event's row when the attempts run out, after "Do not ack: ".
+  const char* then =
+      "the row stays in flight and a redelivery after its lease, or the reconciler, finishes it.";
 };
-
-/// How a batch or group commit of `events` events is named when its attempts fail.
-inline RetriedWork grouped_work(const char* what, std::size_t events) {
-  return {what, "", [what = std::string(what), events](int n, const std::string& why) {
-            return StoreError("idemgate: the " + what + " of " + std::to_string(events) +
-                              " events failed " + std::to_string(n) + " times (" + why +
-                              "); nothing was committed, or it could not be confirmed. Do not "
-                              "ack: the redelivery or the reconciler finishes them.");
-          }};
-}
 
 /**
  * Everything the handles on one PostgreSQL log share, and the rules every part of the store
@@ -74,8 +68,10 @@ class Session {
         errors_(table_),
         pool_(uri, options_.pool_size, options_.checkout_timeout, settings({})),
         renewal_pool_(uri, 1, options_.checkout_timeout, settings({}), false) {
-    for (std::size_t i = 0; i < std::size(sql::postgres::prepared); ++i)
+    for (std::size_t i = 0; i < std::size(sql::postgres::prepared); ++i) {
       prepared_text_[i] = render(sql::postgres::prepared[i]->text);
+      prepared_name_[i] = sql::postgres::prepared[i]->name;
+    }
     // Behind a transaction pooler, a session-level SET would stay on whichever server
     // connection ran it and leave other clients' commits, this store's own included, without
     // the WAL flush: relaxed reservations set it per transaction there (reserve_statement).
@@ -159,7 +155,7 @@ class Session {
   pqxx::result exec(Lease& lease, Transaction& tx, const sql::Statement& statement,
                     const std::string& gate, Args&&... args) {
     const std::size_t index = slot(statement);
-    const std::string name(statement.name);
+    const std::string& name = prepared_name_[index];
     try {
       if (pooled_by_transaction())
         return pq::exec_params(tx, prepared_text_[index], gate, std::forward<Args>(args)...);
@@ -186,7 +182,7 @@ class Session {
     if (pooled_by_transaction()) return sql_text::with_literals(prepared_text_[index], literals);
     if (!lease.prepared(index)) {
       try {
-        pq::prepare_at_once(lease.connection(), std::string(statement.name), prepared_text_[index]);
+        pq::prepare_at_once(lease.connection(), prepared_name_[index], prepared_text_[index]);
       } catch (const pqxx::undefined_table&) {
         throw errors_.missing_table();
       } catch (const pqxx::undefined_column&) {
@@ -194,7 +190,7 @@ class Session {
       }
       lease.set_prepared(index);
     }
-    std::string text = "EXECUTE " + std::string(statement.name) + "(";
+    std::string text = "EXECUTE " + prepared_name_[index] + "(";
     for (std::size_t i = 0; i < literals.size(); ++i) text += (i > 0 ? ", " : "") + literals[i];
     return text + ")";
   }
@@ -242,22 +238,18 @@ class Session {
   /// the reservation pool. Relaxed reservations behind a transaction pooler run as a transaction
   /// of their own that turns the WAL flush off for itself alone (SET LOCAL): the pooler may give
   /// every transaction another server connection, so the relaxed pool's session-level SET is not
-  /// used there. An unknown COMMIT is retried like a lost connection: each of these statements
-  /// recognises its own earlier work by its holder token.
+  /// used there. A COMMIT whose outcome is unknown is tried again like a lost connection
+  /// (`classify`): each of these statements recognises its own earlier work by its holder token.
   template <class... Args>
   pqxx::result reserving(const sql::Statement& statement, const std::string& gate,
                          const Args&... args) {
     return run_on(relaxed_pool_ ? *relaxed_pool_ : pool_, [&](Lease& c) {
       if (relaxed_pool_ && pooled_by_transaction()) {
-        try {
-          pqxx::work tx(c.connection());
-          pq::exec(tx, "SET LOCAL synchronous_commit = off");
-          pqxx::result rows = exec(c, tx, statement, gate, args...);
-          tx.commit();
-          return rows;
-        } catch (const pqxx::in_doubt_error& e) {
-          throw pqxx::broken_connection(e.what());
-        }
+        pqxx::work tx(c.connection());
+        pq::exec(tx, "SET LOCAL synchronous_commit = off");
+        pqxx::result rows = exec(c, tx, statement, gate, args...);
+        tx.commit();
+        return rows;
       }
       pqxx::nontransaction tx(c.connection());
       return exec(c, tx, statement, gate, args...);
@@ -290,12 +282,13 @@ class Session {
       } catch (const ConnectionUnavailable& e) {
         why = e.what();
       }
-      if (n >= options_.commit_attempts) throw work.give_up(n, trimmed(why));
+      if (n >= options_.commit_attempts) throw given_up(work, n, trimmed(why));
       const auto pause = backoff(options_.retry_backoff, n,
                                  [] { return static_cast<std::uint64_t>(new_holder_token()); });
-      log("idemgate: " + work.what + " attempt " + std::to_string(n) + " of " +
-          std::to_string(options_.commit_attempts) + work.subject + " failed (" + trimmed(why) +
-          "); trying again in " + describe(pause) + ".");
+      log("idemgate: " + std::string(work.what) + " attempt " + std::to_string(n) + " of " +
+          std::to_string(options_.commit_attempts) +
+          (work.key != nullptr ? " for key " + work.key->hex() : std::string()) + " failed (" +
+          trimmed(why) + "); trying again in " + describe(pause) + ".");
       std::this_thread::sleep_for(pause);
     }
   }
@@ -363,6 +356,19 @@ class Session {
   }
 
  private:
+  // The error once the attempts of `work` ran out.
+  static StoreError given_up(const RetriedWork& work, int attempts, const std::string& why) {
+    if (work.key != nullptr)
+      return StoreError("idemgate: the " + std::string(work.what) + " of key " + work.key->hex() +
+                        " could not be confirmed after " + std::to_string(attempts) +
+                        " attempts (" + why + "). Do not ack: " + work.then);
+    return StoreError("idemgate: the " + std::string(work.what) + " of " +
+                      std::to_string(work.events) + " events failed " + std::to_string(attempts) +
+                      " times (" + why +
+                      "); nothing was committed, or it could not be confirmed. Do not ack: the "
+                      "redelivery or the reconciler finishes them.");
+  }
+
   // The place of a prepared statement in `sql::postgres::prepared`: its bit in a connection's
   // set of prepared statements.
   static std::size_t slot(const sql::Statement& statement) {
@@ -416,6 +422,7 @@ class Session {
   std::string table_;
   LogErrors errors_;
   std::array<std::string, std::size(sql::postgres::prepared)> prepared_text_;
+  std::array<std::string, std::size(sql::postgres::prepared)> prepared_name_;
   ConnectionPool pool_;
   ConnectionPool renewal_pool_;  // lease renewals only (extend)
   std::unique_ptr<ConnectionPool> relaxed_pool_;

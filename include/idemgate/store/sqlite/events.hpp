@@ -94,7 +94,7 @@ class EventPath {
         return missed(key, fence, RecordStatus::committed);
       const CommitItem row{key, fence, {}};
       s_.run_business(gate_, std::span<const CommitItem>(&row, 1), now, business);
-      s_.end_confirmed("commit of key " + key.hex());
+      s_.end_confirmed("commit", key);
       return CommitStatus::committed;
     });
   }
@@ -114,7 +114,7 @@ class EventPath {
       s_.run_business(gate_, std::span<const CommitItem>(&row, 1), now, write);
       s_.change(sql::sqlite::set_result, "committing", gate_, key, fence,
                 SqliteBlob{std::string_view(result)});
-      s_.end_confirmed("commit of key " + key.hex());
+      s_.end_confirmed("commit", key);
       return CommitStatus::committed;
     });
   }

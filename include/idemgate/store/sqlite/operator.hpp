@@ -54,7 +54,7 @@ class OperatorQueue {
       }
       const CommitItem row{key, fence, {}};
       s_.run_business(gate_, std::span<const CommitItem>(&row, 1), now, business);
-      s_.end_confirmed("resolution of key " + key.hex());
+      s_.end_confirmed("resolution", key);
       return true;
     });
   }

@@ -214,12 +214,13 @@ class Session {
     committed_at_ = std::chrono::steady_clock::now();
   }
 
-  /// Commits a transaction whose COMMIT must be confirmed (`what` names it in the error).
-  void end_confirmed(const std::string& what) {
+  /// Commits the write transaction of one event's `what` ("commit", "resolution") of `key`, whose
+  /// COMMIT must be confirmed: a COMMIT that failed says so, naming the key.
+  void end_confirmed(const char* what, const Key& key) {
     try {
       end("committing");
     } catch (const Error& e) {
-      failures_.throw_unconfirmed(e, what);
+      failures_.throw_unconfirmed(e, std::string(what) + " of key " + key.hex());
     }
   }
 
