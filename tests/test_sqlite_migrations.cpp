@@ -169,6 +169,13 @@ TEST(SqliteMigrations, ANewLogIsMadeByEveryStepAndEachIsRecorded) {
     EXPECT_EQ(report.applied[i].name, std::string(SqliteStore::migrations()[i].name));
   }
   EXPECT_EQ(count(path, "SELECT count(*) FROM bookings_log_migrations WHERE note = ''"), newest);
+  auto db = open_raw(path);
+  sq::Statement names(db.get(),
+                      "SELECT group_concat(name, ',') FROM (SELECT name FROM "
+                      "bookings_log_migrations ORDER BY version)",
+                      "reading the record");
+  ASSERT_TRUE(names.step("reading the record"));
+  EXPECT_EQ(names.bytes(0), "log,duplicates,attempts,gates,labels") << "each step by its name";
 }
 
 TEST(SqliteMigrations, ALogWithARecordedVersionGetsOnlyTheStepsAfterIt) {

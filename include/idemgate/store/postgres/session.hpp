@@ -74,7 +74,7 @@ class Session {
     }
     // Behind a transaction pooler, a session-level SET would stay on whichever server
     // connection ran it and leave other clients' commits, this store's own included, without
-    // the WAL flush: relaxed reservations set it per transaction there (reserve_statement).
+    // the WAL flush: relaxed reservations set it per transaction there (reserving).
     if (options_.relaxed_reservations)
       relaxed_pool_ = std::make_unique<ConnectionPool>(
           uri, options_.pool_size, options_.checkout_timeout,

@@ -104,8 +104,7 @@ class Schema {
   void record(const idemgate::sql::Migration& step, std::string_view note) {
     auto& insert = s_.statement(idemgate::sql::sqlite::record_migration);
     ResetGuard guard(insert);
-    insert.bind("migrating the idemgate log", step.version, std::string(step.name), note,
-                s_.now_micros());
+    insert.bind("migrating the idemgate log", step.version, step.name, note, s_.now_micros());
     while (insert.step("migrating the idemgate log")) {
     }
   }
