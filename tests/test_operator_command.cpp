@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -182,7 +183,7 @@ class OperatorCommand : public ::testing::TestWithParam<std::string> {
       path_ = (dir_ / "log.db").string();
       sqlite_.emplace(path_);
       sqlite_->migrate();
-      seed_ = seed(*sqlite_, [this](const char* gate, const Key& key) {
+      age_ = [this](const char* gate, const Key& key) {
         // The store keeps times in microseconds since the epoch.
         sqlite3* db = nullptr;
         ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
@@ -195,7 +196,8 @@ class OperatorCommand : public ::testing::TestWithParam<std::string> {
             << sqlite3_errmsg(db);
         EXPECT_EQ(sqlite3_changes(db), 1);
         sqlite3_close(db);
-      });
+      };
+      seed_ = seed(*sqlite_, age_);
       args_ = {"--store", path_};
     } else {
       uri_ = idemgate::test::pg_uri();
@@ -205,12 +207,13 @@ class OperatorCommand : public ::testing::TestWithParam<std::string> {
       o.table = table_;
       postgres_.emplace(uri_, o);
       postgres_->migrate();
-      seed_ = seed(*postgres_, [this](const char* gate, const Key& key) {
+      age_ = [this](const char* gate, const Key& key) {
         idemgate::test::pg_exec("UPDATE " + table_ +
                                 " SET created_at = created_at - interval '10 days', updated_at = "
                                 "updated_at - interval '10 days' WHERE gate = '" +
                                 gate + "' AND key = '\\x" + key.hex() + "'::bytea");
-      });
+      };
+      seed_ = seed(*postgres_, age_);
       args_ = {"--store", uri_, "--table", table_};
     }
   }
@@ -259,6 +262,7 @@ class OperatorCommand : public ::testing::TestWithParam<std::string> {
   std::optional<idemgate::PostgresStore> postgres_;
   std::vector<std::string> args_;
   Seed seed_;
+  std::function<void(const char*, const Key&)> age_;
 };
 
 TEST_P(OperatorCommand, GatesListsEveryGateWithItsRowsByStatus) {
@@ -488,6 +492,19 @@ TEST_P(OperatorCommand, AdoptGivesRowsOfNoGateToTheGateNamedAndKeepsKeysItHolds)
   EXPECT_TRUE(still_unowned(held)) << "a key the gate holds was adopted over its own row";
   EXPECT_FALSE(status(slots, fresh));
   EXPECT_EQ(run("adopt", {"--gate", payments, "--execute"}).rc, 1) << "nothing left to adopt";
+
+  // What adopting leaves is seen and reached: `check` names it, `purge --all-gates` purges it.
+  const Ran checked = run("check");
+  EXPECT_NE(checked.out.find("1 row belongs to no gate"), std::string::npos) << checked.out;
+  EXPECT_EQ(run_json("check", {})["unowned_rows"], 1);
+  age_("", held);
+  const json purged = run_json("purge", {"--all-gates", "--older-than", "7d", "--execute"});
+  bool reached = false;
+  for (const auto& g : purged["gates"])
+    if (g["gate"] == "") reached = g["purged"] == 1;
+  EXPECT_TRUE(reached) << purged.dump();
+  EXPECT_FALSE(still_unowned(held)) << "purge --all-gates left a finished row of no gate";
+  EXPECT_EQ(status(payments, held), RecordStatus::failed) << "the gate's own row was purged";
 }
 
 TEST_P(OperatorCommand, SignalsPerGateAndTheirAlarms) {

@@ -152,7 +152,7 @@ TEST(GateOptionsRange, CacheCapacityAboveTenMillionIsRefused) {
 // --- RetentionOptions ---------------------------------------------------------------------------
 
 TEST(RetentionOptionsRange, KeepBelowOneSecondIsRefused) {
-  MemoryStore store;
+  MemoryStore store = MemoryStore{}.for_gate("ect.claim_slot");
   for (const auto& [value, label] : extremes<seconds>()) {
     if (value == seconds::max()) continue;  // forever: honoured, below
     expect_refused(
@@ -178,7 +178,7 @@ TEST(RetentionOptionsRange, KeepForeverPurgesNothingAndARedeliveryStaysADuplicat
 }
 
 TEST(RetentionOptionsRange, IntervalOutsideOneMillisecondToSevenDaysIsRefused) {
-  MemoryStore store;
+  MemoryStore store = MemoryStore{}.for_gate("ect.claim_slot");
   for (const auto& [value, label] : extremes<milliseconds>())
     expect_refused(
         [&] {
@@ -192,6 +192,20 @@ TEST(RetentionOptionsRange, IntervalOutsideOneMillisecondToSevenDaysIsRefused) {
       "RetentionOptions::interval", "between 1 ms and 7 d", "7 days and 1 ms");
   EXPECT_NO_THROW((Retention{store, {.interval = 1ms}}));
   EXPECT_NO_THROW((Retention{store, {.interval = std::chrono::days(7)}}));
+}
+
+TEST(RetentionOptionsRange, AHandleOfNoGateIsRefusedNotSilentlyBlind) {
+  MemoryStore root;
+  try {
+    Retention retention{root};
+    ADD_FAILURE() << "a Retention over the store as constructed was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("gate.store()"), std::string::npos) << what;
+    EXPECT_NE(what.find("idemgate purge --all-gates"), std::string::npos) << what;
+  }
+  MemoryStore scoped = root.for_gate("ect.claim_slot");
+  EXPECT_NO_THROW((Retention{scoped}));
 }
 
 TEST(RetentionOptionsRange, BatchOutsideOneToAMillionIsRefusedAndOneIsHonoured) {

@@ -121,6 +121,10 @@ TEST_F(SqliteServer, KilledBeforeCommitLeavesNothing) {
   killed_before_commit_leaves_nothing(claims, claims.path, "idemgate_log");
 }
 
+TEST_F(SqliteServer, AHandlerThrowingUnreadableBytesGivesItsKeyBack) {
+  a_handler_throwing_unreadable_bytes_gives_its_key_back(claims);
+}
+
 TEST_F(SqliteServer, KeysExpireAndRetentionPurgesThem) {
   keys_expire_and_retention_purges_them(claims);
 }

@@ -6,6 +6,7 @@
 #include "support/released_logs.hpp"
 #include "support/released_rows.hpp"
 #include "support/sqlite_files.hpp"
+#include "support/upgrade_race.hpp"
 
 #include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/key.hpp>
@@ -41,6 +42,16 @@ Key key_of(int i) {
   Key::bytes_type raw{};
   for (std::size_t b = 0; b < raw.size(); ++b) raw[b] = static_cast<unsigned char>(digits[b]);
   return Key(raw);
+}
+
+/// The fingerprint the released rows give event `i`: 'f' and its number, zero-padded to 31
+/// digits.
+idemgate::Fingerprint fingerprint_of(int i) {
+  char digits[33];
+  std::snprintf(digits, sizeof digits, "f%031d", i);
+  idemgate::Fingerprint raw{};
+  for (std::size_t b = 0; b < raw.size(); ++b) raw[b] = static_cast<unsigned char>(digits[b]);
+  return raw;
 }
 
 std::vector<int> versions(const std::vector<idemgate::MigrationStep>& steps) {
@@ -233,4 +244,74 @@ TEST(SqliteMigrations, AStepThatFailsLeavesTheLogAndItsRecordAsTheyWere) {
   EXPECT_EQ(versions(report.found), range(1, 3));
   EXPECT_EQ(versions(report.applied), range(4, newest));
   EXPECT_EQ(count(path, "SELECT count(*) FROM idemgate_log WHERE gate = ''"), 8);
+}
+
+// An upgrade in any order doubles nothing (as on PostgreSQL): a log written before gates,
+// migrated; two replicas of this version (processes on the one file) serve a redelivery of every
+// event while a third adopts the rows of no gate a few at a time. No event the earlier version
+// finished is booked again; a dead worker's event is booked once; the earlier version's own
+// reservation is refused on the upgraded log.
+TEST(SqliteMigrations, AnUpgradeServedBeforeAdoptionNeverProcessesAFinishedEventAgain) {
+  constexpr int events = 400;
+  TempDir dir;
+  const std::string path = dir.file("log.db");
+  {
+    auto db = open_raw(path);
+    sq::exec(db.get(), "BEGIN");
+    for (const std::string& script :
+         {idemgate::test::released_sqlite_log(3, "idemgate_log"),
+          idemgate::test::released_sqlite_rows(3, "idemgate_log", events),
+          std::string("CREATE TABLE bookings (key BLOB NOT NULL)")}) {
+      char* error = nullptr;
+      ASSERT_EQ(sqlite3_exec(db.get(), script.c_str(), nullptr, nullptr, &error), SQLITE_OK)
+          << (error != nullptr ? error : "");
+    }
+    sq::exec(db.get(), "COMMIT");
+  }
+  SqliteStore(path).migrate();
+  {
+    auto db = open_raw(path);
+    EXPECT_NE(
+        sqlite3_exec(db.get(),
+                     "INSERT INTO idemgate_log (key, status, fence, lease_until, fingerprint, "
+                     "request, duplicates, created_at, updated_at) VALUES (x'01', "
+                     "'in_flight', 1, 0, x'02', x'03', 0, 0, 0) ON CONFLICT (key) DO NOTHING",
+                     nullptr, nullptr, nullptr),
+        SQLITE_OK)
+        << "the earlier version's reservation still runs on the upgraded log";
+  }
+
+  const auto book = [](idemgate::SqliteTransaction& tx, const Key& key) {
+    tx.exec("INSERT INTO bookings (key) VALUES (?)", key);
+  };
+  const auto replica = [&](const std::vector<int>& order) {
+    return idemgate::test::forked([&, order] {
+      SqliteStore store(path, {.busy_timeout = 30s});
+      auto gate = store.for_gate("ect.claim_slot");
+      idemgate::test::serve_redeliveries(gate, order, key_of, fingerprint_of, book);
+    });
+  };
+  const pid_t adopter = idemgate::test::forked([&] {
+    SqliteStore store(path, {.busy_timeout = 30s});
+    auto gate = store.for_gate("ect.claim_slot");
+    while (gate.adopt_unowned_rows(3) > 0) {
+    }
+  });
+  const pid_t up = replica(idemgate::test::upward(events));
+  const pid_t down = replica(idemgate::test::downward(events));
+  EXPECT_EQ(idemgate::test::exit_status(adopter), 0) << "adoption failed in the race";
+  EXPECT_EQ(idemgate::test::exit_status(up), 0);
+  EXPECT_EQ(idemgate::test::exit_status(down), 0);
+
+  SqliteStore store(path);
+  auto gate = store.for_gate("ect.claim_slot");
+  (void)gate.adopt_unowned_rows(events);
+  EXPECT_EQ(count(path, "SELECT count(*) FROM idemgate_log WHERE gate = ''"), 0);
+  EXPECT_EQ(count(path, "SELECT count(*) FROM idemgate_log WHERE gate = 'ect.claim_slot'"), events);
+  idemgate::test::expect_finished_events_never_booked_again(events, [&](int i) {
+    return count(path, "SELECT count(*) FROM bookings WHERE hex(key) = '" + key_of(i).hex() +
+                           "' COLLATE NOCASE");
+  });
+  EXPECT_EQ(store.mismatches(10).size(), 0U) << "the mismatches went with their rows";
+  EXPECT_EQ(gate.mismatches(10).size(), 2U);
 }

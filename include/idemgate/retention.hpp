@@ -11,7 +11,9 @@
 #include <cstddef>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace idemgate {
 
@@ -47,9 +49,11 @@ struct RetentionOptions {
 template <monitored_store Store>
 class Retention {
  public:
-  /// Retention over `store`; throws `std::invalid_argument` when an option is out of its range.
+  /// Retention over `store`, a gate's handle (`gate.store()`, `store.for_gate(name)`); throws
+  /// `std::invalid_argument` when an option is out of its range, or when `store` is a handle of
+  /// no gate (the store as constructed), which would purge none of any gate's rows.
   explicit Retention(Store& store, RetentionOptions options = {})
-      : store_(store), options_(checked(options)) {}
+      : store_(scoped(store)), options_(checked(options)) {}
   Retention(const Retention&) = delete;
   Retention& operator=(const Retention&) = delete;
   ~Retention() { stop(); }
@@ -92,6 +96,19 @@ class Retention {
   }
 
  private:
+  static Store& scoped(Store& store) {
+    if constexpr (requires { store.gate(); }) {
+      if (std::string_view(store.gate()).empty())
+        throw std::invalid_argument(
+            "idemgate: Retention was given a store handle of no gate (the store as constructed), "
+            "which sees only the rows written before logs knew their gates: it would purge none "
+            "of a gate's rows. Give it the gate's handle, gate.store() or "
+            "store.for_gate(name); rows of no gate are adopted with `idemgate adopt --gate NAME` "
+            "or purged with `idemgate purge --all-gates`.");
+    }
+    return store;
+  }
+
   static RetentionOptions checked(const RetentionOptions& o) {
     detail::require_in_range("RetentionOptions::keep", o.keep, std::chrono::seconds(1),
                              std::chrono::seconds::max(),

@@ -6,6 +6,7 @@
 #include "support/postgres.hpp"
 #include "support/released_logs.hpp"
 #include "support/released_rows.hpp"
+#include "support/upgrade_race.hpp"
 
 #include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/key.hpp>
@@ -38,6 +39,11 @@ Key key_of(int i) {
   const char bytes[] = {static_cast<char>(u >> 24), static_cast<char>(u >> 16),
                         static_cast<char>(u >> 8), static_cast<char>(u)};
   return Key(idemgate::detail::sha256(std::string_view(bytes, 4)));
+}
+
+/// The fingerprint the released rows give event `i`: sha256 of its request.
+idemgate::Fingerprint fingerprint_of(int i) {
+  return idemgate::detail::sha256("{\"order\":" + std::to_string(i) + "}");
 }
 
 std::vector<int> versions(const std::vector<idemgate::MigrationStep>& steps) {
@@ -230,4 +236,63 @@ TEST(PostgresMigrations, AStepThatFailsIsRecordedOnlyUpToTheLastStepThatFinished
             2);
   EXPECT_TRUE(store.find(key_of(1)).has_value());
   pg_exec("DROP TABLE " + log + ", " + log + "_mismatches, " + log + "_migrations");
+}
+
+// An upgrade in any order doubles nothing. A log written before gates, migrated; then two
+// replicas of this version (processes) serve a redelivery of every event while a third process
+// adopts the rows of no gate a few at a time. A reservation that meets a row of no gate takes it
+// over and answers from it: no event the earlier version finished is booked again, a dead
+// worker's event is booked once, and adoption never collides with a reservation. The earlier
+// version's own reservation is refused after the migration (its ON CONFLICT (key) has no unique
+// index to match any more), so a replica of it left running cannot book either.
+TEST(PostgresMigrations, AnUpgradeServedBeforeAdoptionNeverProcessesAFinishedEventAgain) {
+  const std::string uri = idemgate::test::pg_uri();
+  ASSERT_FALSE(uri.empty());
+  constexpr int events = 400;
+  const std::string log = idemgate::test::unique_table("race");
+  const std::string bookings = log + "_bookings";
+  pg_exec("BEGIN; " + idemgate::test::released_pg_log(3, log) +
+          idemgate::test::released_pg_rows(3, log, events) + " COMMIT;");
+  pg_exec("CREATE TABLE " + bookings + " (key bytea NOT NULL)");
+  PostgresStore(uri, {.table = log}).migrate();
+  EXPECT_ANY_THROW(pg_exec("INSERT INTO " + log +
+                           " (key, status, fence, lease_until, fingerprint, request, holder, "
+                           "attempts) VALUES ('\\x01', 'in_flight', 1, now(), '\\x02', "
+                           "'\\x03', 7, 1) ON CONFLICT (key) DO NOTHING"))
+      << "the earlier version's reservation still runs on the upgraded log";
+
+  const auto book = [&](pqxx::work& tx, const Key& key) {
+    tx.exec("INSERT INTO " + bookings + " (key) VALUES ('\\x" + key.hex() + "'::bytea)");
+  };
+  const auto replica = [&](const std::vector<int>& order) {
+    return idemgate::test::forked([&, order] {
+      PostgresStore store(uri, {.table = log, .pool_size = 1});
+      auto gate = store.for_gate("ect.claim_slot");
+      idemgate::test::serve_redeliveries(gate, order, key_of, fingerprint_of, book);
+    });
+  };
+  const pid_t adopter = idemgate::test::forked([&] {
+    PostgresStore store(uri, {.table = log, .pool_size = 1});
+    auto gate = store.for_gate("ect.claim_slot");
+    while (gate.adopt_unowned_rows(3) > 0) {
+    }
+  });
+  const pid_t up = replica(idemgate::test::upward(events));
+  const pid_t down = replica(idemgate::test::downward(events));
+  EXPECT_EQ(idemgate::test::exit_status(adopter), 0) << "adoption failed in the race";
+  EXPECT_EQ(idemgate::test::exit_status(up), 0);
+  EXPECT_EQ(idemgate::test::exit_status(down), 0);
+
+  PostgresStore store(uri, {.table = log});
+  auto gate = store.for_gate("ect.claim_slot");
+  (void)gate.adopt_unowned_rows(events);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + " WHERE gate = ''"), 0);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + " WHERE gate = 'ect.claim_slot'"), events);
+  idemgate::test::expect_finished_events_never_booked_again(events, [&](int i) {
+    return pg_count("SELECT count(*) FROM " + bookings + " WHERE key = '\\x" + key_of(i).hex() +
+                    "'::bytea");
+  });
+  EXPECT_EQ(store.mismatches(10).size(), 0U) << "the mismatches went with their rows";
+  EXPECT_EQ(gate.mismatches(10).size(), 2U);
+  pg_exec("DROP TABLE " + log + ", " + log + "_mismatches, " + log + "_migrations, " + bookings);
 }

@@ -40,6 +40,10 @@ TEST_F(PostgresServer, KilledBeforeCommitLeavesNothing) {
   killed_before_commit_leaves_nothing(claims, claims.uri, claims.table);
 }
 
+TEST_F(PostgresServer, AHandlerThrowingUnreadableBytesGivesItsKeyBack) {
+  a_handler_throwing_unreadable_bytes_gives_its_key_back(claims);
+}
+
 TEST_F(PostgresServer, KeysExpireAndRetentionPurgesThem) {
   keys_expire_and_retention_purges_them(claims);
 }

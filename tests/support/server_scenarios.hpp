@@ -16,7 +16,9 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -253,6 +255,45 @@ void keys_expire_and_retention_purges_them(const Claims& claims) {
   EXPECT_EQ(again->body, R"({"claim":3})");
   EXPECT_FALSE(api.endpoint().store().find(lookup_key)) << "the expired row was not purged";
   EXPECT_EQ(api.endpoint().store().purge(std::chrono::seconds(0), 100), 1u);
+}
+
+// A handler that throws with bytes PostgreSQL cannot keep in text (the body as it came, not
+// UTF-8, with a NUL): the request answers 500 and gives its key back, so the client's retry runs
+// the handler again at once instead of meeting 409 for the whole lease; the log keeps the reason,
+// shown safely.
+template <class Claims>
+void a_handler_throwing_unreadable_bytes_gives_its_key_back(const Claims& claims) {
+  auto store = claims.open();
+  store.migrate();
+  claims.create();
+  std::vector<std::string> logged;
+  server::EndpointOptions options;
+  options.log = [&](std::string_view line) { logged.emplace_back(line); };
+  server::Endpoint endpoint{"claims.api", store, options};
+  const std::string body("{\"n\":\xff\xfe\x00}", 9);
+  int runs = 0;
+  const auto handler = [&](auto& tx, const server::Request& r) {
+    if (++runs == 1) throw std::runtime_error("unreadable input: " + r.body);
+    claims.insert(tx, r.client);
+    return server::Response{201, {{"Content-Type", "text/plain"}}, "claimed"};
+  };
+  server::Request request{"POST", "/claims", "\"bytes\"", "application/octet-stream", body, "acme"};
+  const auto failed = endpoint.handle(request, handler);
+  EXPECT_EQ(failed.status, 500);
+  EXPECT_FALSE(failed.header("Retry-After")) << "told to wait though the key was given back";
+  const auto retried = endpoint.handle(request, handler);
+  EXPECT_EQ(retried.status, 201) << "the retry met the key still held";
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(claims.count(), 1);
+  EXPECT_EQ(endpoint.keys_not_given_back(), 0u);
+  EXPECT_TRUE(logged.empty());
+  const auto row = endpoint.store().find(endpoint.log_key("acme", "POST", "/claims", "bytes"));
+  ASSERT_TRUE(row.has_value());
+  ASSERT_FALSE(row->history.empty());
+  // (An exception's message ends at its first NUL: what() is a C string.)
+  EXPECT_NE(row->history.front().reason.find("unreadable input: {\"n\":\\xff\\xfe"),
+            std::string::npos)
+      << row->history.front().reason;
 }
 
 }  // namespace idemgate::test

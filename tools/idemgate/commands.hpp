@@ -191,9 +191,11 @@ class Commands {
   /// Works on `root` as `common` says.
   Commands(Store root, const Common& common) : root_(std::move(root)), c_(common) {}
 
-  /// The handles of the gates a command works on: `--gate`, or every gate of the log. A command
-  /// that changes rows (`changes`) needs `--gate` or `--all-gates`.
-  std::vector<Store> scope(bool changes) {
+  /// The handles of the gates a command works on: `--gate`, or every gate of the log, and with
+  /// `with_unowned` the rows of no gate too when there are any (written before logs knew their
+  /// gates, not adopted yet). A command that changes rows (`changes`) needs `--gate` or
+  /// `--all-gates`.
+  std::vector<Store> scope(bool changes, bool with_unowned = false) {
     std::vector<Store> out;
     if (!c_.gate.empty()) {
       if (!GateName::valid(c_.gate))
@@ -207,7 +209,20 @@ class Commands {
           "this command changes rows: name the gate with --gate NAME (`idemgate gates` lists "
           "them), or give --all-gates to work on every gate");
     for (const auto& name : root_.gates()) out.push_back(root_.for_gate(name));
+    if (with_unowned && has_unowned_rows()) out.push_back(root_);
     return out;
+  }
+
+  /// Whether any row belongs to no gate.
+  bool has_unowned_rows() {
+    RowQuery one;
+    one.limit = 1;
+    return !root_.rows(one).empty();
+  }
+
+  /// How a handle's gate is shown in a table: its name, or "(no gate)" for the rows of no gate.
+  static std::string shown(const Store& store) {
+    return store.gate().empty() ? std::string("(no gate)") : std::string(store.gate());
   }
 
   /// `check`: the log can be read by this version (every column, the mismatches table).
@@ -219,11 +234,19 @@ class Commands {
     root_.rows(one);
     const auto gates = root_.gates();
     for (const auto& name : gates) root_.for_gate(name).rows(one);
+    const std::int64_t unowned = root_.count(RowQuery{});
     if (c_.json) {
-      print_json({{"ok", true}, {"table", c_.table}, {"gates", gates}});
+      print_json({{"ok", true}, {"table", c_.table}, {"gates", gates}, {"unowned_rows", unowned}});
     } else {
       std::printf("ok: the log %s is reachable and readable by this version (%zu gate%s)\n",
                   c_.table.c_str(), gates.size(), gates.size() == 1 ? "" : "s");
+      if (unowned > 0)
+        std::printf(
+            "note: %lld row%s belong%s to no gate (written before logs knew their gates): "
+            "a gate's reservation takes its key's row over, but no gate's reconciler, "
+            "queue, signals or retention sees them until adopted: "
+            "idemgate adopt --gate NAME\n",
+            static_cast<long long>(unowned), unowned == 1 ? "" : "s", unowned == 1 ? "s" : "");
     }
     return exit_ok;
   }
@@ -241,7 +264,7 @@ class Commands {
         q.status = statuses[i];
         n[i] = store.count(q);
       }
-      table.add({store.gate(), std::to_string(n[0]), std::to_string(n[1]), std::to_string(n[2]),
+      table.add({shown(store), std::to_string(n[0]), std::to_string(n[1]), std::to_string(n[2]),
                  std::to_string(n[3])});
       out.push_back({{"gate", store.gate()},
                      {"in_flight", n[0]},
@@ -331,7 +354,7 @@ class Commands {
       std::snprintf(ratio, sizeof ratio, "%.1f%%", 100.0 * s.duplicate_ratio());
       std::string alarm_text;
       for (const auto& a : alarms) alarm_text += (alarm_text.empty() ? "" : ",") + a;
-      table.add({store.gate(), std::to_string(s.events), std::to_string(s.duplicates), ratio,
+      table.add({shown(store), std::to_string(s.events), std::to_string(s.duplicates), ratio,
                  std::to_string(s.in_flight),
                  s.oldest_in_flight ? format_age(*s.oldest_in_flight) : "-",
                  std::to_string(s.retrying), std::to_string(s.escalated),
@@ -404,7 +427,7 @@ class Commands {
     for (auto& store : scope(false)) {
       const std::int64_t n = store.count(q);
       total += n;
-      table.add({store.gate(), std::to_string(n)});
+      table.add({shown(store), std::to_string(n)});
       gates[store.gate()] = n;
     }
     if (c_.json) {
@@ -469,7 +492,7 @@ class Commands {
     auto out = nlohmann::json::array();
     for (auto& store : scope(false)) {
       for (const auto& cause : store.causes(limit)) {
-        table.add({store.gate(), std::string(to_string(cause.status)), std::to_string(cause.rows),
+        table.add({shown(store), std::string(to_string(cause.status)), std::to_string(cause.rows),
                    format_time(cause.first_seen), format_time(cause.last_seen), cause.reason});
         out.push_back({{"gate", store.gate()},
                        {"status", std::string(to_string(cause.status))},
@@ -546,7 +569,7 @@ class Commands {
         for (const auto& r : store.rows(s)) sample.push_back(row_json(r, false));
       }
       total += done;
-      table.add({store.gate(), std::to_string(done), std::to_string(escalated_same)});
+      table.add({shown(store), std::to_string(done), std::to_string(escalated_same)});
       nlohmann::json entry = {{"gate", store.gate()},
                               {execute ? "redriven" : "would_redrive", done},
                               {"escalated_same_cause", escalated_same}};
@@ -572,7 +595,7 @@ class Commands {
     if (batch == 0) throw UsageError("--batch must be at least 1");
     if (older_than.count() <= 0)
       throw UsageError("--older-than must be longer than 0s: purge keeps recent rows");
-    auto stores = scope(true);
+    auto stores = scope(true, true);
     Table table({"GATE", execute ? "PURGED" : "WOULD_PURGE", "COMMITTED", "FAILED"});
     auto out = nlohmann::json::array();
     std::int64_t total = 0;
@@ -591,7 +614,7 @@ class Commands {
         progress.done();
       }
       total += n;
-      table.add({store.gate(), std::to_string(n), std::to_string(c), std::to_string(f)});
+      table.add({shown(store), std::to_string(n), std::to_string(c), std::to_string(f)});
       out.push_back({{"gate", store.gate()},
                      {execute ? "purged" : "would_purge", n},
                      {"committed", c},
@@ -693,7 +716,7 @@ class Commands {
         bool changed = found->status == RecordStatus::failed;
         if (execute && changed) changed = store.redrive_failed(key) == 1;
         total += changed;
-        table.add({store.gate(), key.hex(), std::string(to_string(found->status)),
+        table.add({shown(store), key.hex(), std::string(to_string(found->status)),
                    changed ? "yes" : "no (only failed rows are re-driven)"});
         out.push_back({{"gate", store.gate()},
                        {"key", key.hex()},
@@ -731,7 +754,7 @@ class Commands {
         } catch (const std::exception&) {
           // The progress line is a courtesy: the purge's own call reports what went wrong.
         }
-        progress.show("purging " + counter.gate() + ": " +
+        progress.show("purging " + shown(counter) + ": " +
                       std::to_string(std::max<std::int64_t>(0, planned - left)) + " of " +
                       std::to_string(planned) + " rows");
         lock.lock();
@@ -755,7 +778,7 @@ class Commands {
     }
     cv.notify_all();
     watcher.join();
-    progress.show("purging " + store.gate() + ": " + std::to_string(purged) + " rows purged");
+    progress.show("purging " + shown(store) + ": " + std::to_string(purged) + " rows purged");
     return purged;
   }
 

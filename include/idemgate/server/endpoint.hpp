@@ -13,17 +13,21 @@
 #include "message.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -99,6 +103,12 @@ struct EndpointOptions {
   Canonicalizer canonical = by_media_type;
   /// The prefix of the `type` URIs of the endpoint's own problems.
   std::string problem_type_prefix = "urn:idemgate:problem:";
+  /// Where the endpoint reports what no response says: a key it could not give back after a
+  /// failed request (tried three times), which then stays held until its lease runs out.
+  /// Standard error by default; an empty function silences it.
+  std::function<void(std::string_view)> log = [](std::string_view line) {
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+  };
 };
 
 /**
@@ -143,6 +153,12 @@ class Endpoint {
     if (options_.lease.count() < 1)
       throw std::invalid_argument("idemgate: EndpointOptions::lease must be positive");
     if (!options_.canonical) options_.canonical = by_media_type;
+  }
+
+  /// Keys this endpoint (and its copies) could not give back after a failed request: each stayed
+  /// held until its lease ran out, and its retries were answered `409` meanwhile.
+  [[nodiscard]] std::uint64_t keys_not_given_back() const noexcept {
+    return not_given_back_->load();
   }
 
   /// The store handle, scoped to this endpoint's gate (for `purge`, `find`, signals).
@@ -251,16 +267,26 @@ class Endpoint {
       if (status == CommitStatus::lost_lease) return in_progress();
       return first;
     } catch (const NotStored& not_stored) {
-      give_back(key, fence, "the handler answered " + std::to_string(not_stored.response.status));
-      return not_stored.response;
+      if (give_back(key, fence,
+                    "the handler answered " + std::to_string(not_stored.response.status)))
+        return not_stored.response;
+      Response held = not_stored.response;
+      held.set_header("Retry-After", std::to_string(lease_seconds()));
+      return held;
     } catch (const StoreError& e) {
-      give_back(key, fence, e.what());
+      (void)give_back(key, fence, e.what());
       return store_failed(e);
     } catch (const std::exception& e) {
-      give_back(key, fence, e.what());
-      return problem(500, "handler-failed", "The request failed",
-                     "The request was not carried out and nothing was stored; it may be sent "
-                     "again under the same key.");
+      if (give_back(key, fence, e.what()))
+        return problem(500, "handler-failed", "The request failed",
+                       "The request was not carried out and nothing was stored; it may be sent "
+                       "again under the same key.");
+      Response held = problem(500, "handler-failed", "The request failed",
+                              "The request was not carried out and nothing was stored; it may be "
+                              "sent again under the same key after the Retry-After delay, when "
+                              "its key is free again.");
+      held.set_header("Retry-After", std::to_string(lease_seconds()));
+      return held;
     } catch (...) {
       give_back(key, fence, "the handler threw");
       throw;
@@ -268,14 +294,38 @@ class Endpoint {
   }
 
   // The reservation is given back: its lease ends now, so a retry of the request takes the key
-  // over at once and runs the handler again (the row keeps the request's fingerprint).
-  void give_back(const Key& key, std::int64_t fence, const std::string& reason) noexcept {
-    try {
-      store_.release(key, fence, reason);
-    } catch (...) {
-      // The lease then runs out on its own; a retry meanwhile is answered 409.
+  // over at once and runs the handler again (the row keeps the request's fingerprint). A release
+  // that fails is tried twice more; if it still fails, it is logged and counted, and false tells
+  // the caller the key stays held until its lease runs out (a retry meanwhile gets 409).
+  bool give_back(const Key& key, std::int64_t fence, const std::string& reason) noexcept {
+    std::string why;
+    for (int attempt = 1; attempt <= 3; ++attempt) {
+      try {
+        (void)store_.release(key, fence, reason);  // false: the fence moved on, nothing to free
+        return true;
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+        why = "an unknown error";
+      }
+      if (attempt < 3) std::this_thread::sleep_for(std::chrono::milliseconds(20 * attempt));
     }
+    not_given_back_->fetch_add(1);
+    if (options_.log) {
+      try {
+        options_.log("idemgate: endpoint " + name_ + " could not give back key " + key.hex() +
+                     " after a failed request (3 tries): " + why + ". The key stays held until " +
+                     "its lease runs out (" + std::to_string(lease_seconds()) +
+                     " s); retries meanwhile are answered 409.");
+      } catch (...) {
+        // A log that throws is ignored.
+      }
+    }
+    return false;
   }
+
+  // The lease in whole seconds, rounded up: when a key that could not be given back is free.
+  std::int64_t lease_seconds() const { return (options_.lease.count() + 999) / 1000; }
 
   bool past_lifetime(std::chrono::system_clock::time_point finished) const {
     return std::chrono::system_clock::now() - finished >= options_.key_lifetime;
@@ -321,6 +371,8 @@ class Endpoint {
   std::string name_;
   Store store_;
   EndpointOptions options_;
+  std::shared_ptr<std::atomic<std::uint64_t>> not_given_back_ =
+      std::make_shared<std::atomic<std::uint64_t>>(0);
 };
 
 }  // namespace idemgate::server

@@ -7,6 +7,7 @@
 #include "../record.hpp"
 #include "../signals.hpp"
 #include "log/protocol.hpp"
+#include "log/text.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -79,6 +80,7 @@ class MemoryStore {
                       std::chrono::milliseconds lease, std::string_view label) {
     std::lock_guard lock(mutex_);
     const auto now = clock_();
+    adopt_key(key);
     auto [it, inserted] = rows_.try_emplace(key);
     Record& row = it->second;
     if (inserted) {
@@ -91,7 +93,7 @@ class MemoryStore {
       row.created_at = row.updated_at = now;
       row.lease_until = detail::saturating_add(now, lease);
       row.attempts = 1;
-      row.label.assign(label);
+      row.label = detail::stored_text(label);
       return Reservation::acquired(row.fence);
     }
     ++row.duplicates;
@@ -177,7 +179,8 @@ class MemoryStore {
   bool release(const Key& key, std::int64_t fence) { return release(key, fence, {}); }
 
   /// Like `release`, and keeps `reason` (when not empty) as why this attempt gave the event back.
-  bool release(const Key& key, std::int64_t fence, std::string_view reason) {
+  bool release(const Key& key, std::int64_t fence, std::string_view given) {
+    const std::string reason = detail::stored_text(given);
     std::lock_guard lock(mutex_);
     Record* row = holder(key, fence);
     if (row == nullptr) return false;
@@ -327,7 +330,7 @@ class MemoryStore {
                        std::string_view source) {
     std::lock_guard lock(mutex_);
     mismatches_.push_back(
-        {key, std::string(stored), std::string(observed), std::string(source), clock_()});
+        {key, std::string(stored), std::string(observed), detail::stored_text(source), clock_()});
   }
 
   /// Up to `limit` recorded mismatches, newest first.
@@ -380,6 +383,7 @@ class MemoryStore {
       it = unowned.erase(it);
       ++moved;
     }
+    adopt_mismatches();
     return moved;
   }
 
@@ -433,7 +437,8 @@ class MemoryStore {
 
   /// Re-drives up to `limit` failed rows of this gate whose reason is exactly `reason`, as
   /// `redrive_failed(key)` does; returns how many.
-  std::size_t redrive_cause(std::string_view reason, std::size_t limit) {
+  std::size_t redrive_cause(std::string_view given, std::size_t limit) {
+    const std::string reason = detail::stored_text(given);
     std::lock_guard lock(mutex_);
     std::size_t done = 0;
     for (auto& [key, row] : rows_) {
@@ -503,6 +508,32 @@ class MemoryStore {
     return shared.mismatches[gate];
   }
 
+  // A key whose only row belongs to no gate becomes this gate's before a reservation looks at it
+  // (the stores' reservations do the same): the event an earlier version finished is answered
+  // from it, never processed again. The caller holds the lock.
+  void adopt_key(const Key& key) {
+    if (gate_.empty() || rows_.contains(key)) return;
+    auto& unowned = shared_->rows[""];
+    auto it = unowned.find(key);
+    if (it == unowned.end()) return;
+    Record row = std::move(it->second);
+    row.gate = gate_;
+    rows_.emplace(key, std::move(row));
+    unowned.erase(it);
+  }
+
+  // Gives this gate the mismatches of no gate whose key it now holds and no unowned row holds.
+  // The caller holds the lock.
+  void adopt_mismatches() {
+    auto& unowned = shared_->mismatches[""];
+    const auto& unowned_rows = shared_->rows[""];
+    std::erase_if(unowned, [&](Mismatch& m) {
+      if (!rows_.contains(m.key) || unowned_rows.contains(m.key)) return false;
+      mismatches_.push_back(std::move(m));
+      return true;
+    });
+  }
+
   void redrive(Record& row) {
     add_history(row, detail::history::redriven, row.reason, clock_());
     row.status = RecordStatus::in_flight;
@@ -535,12 +566,13 @@ class MemoryStore {
   }
 
   CommitStatus settle(const Key& key, std::int64_t fence, RecordStatus status,
-                      std::string_view reason) {
+                      std::string_view given) {
+    const std::string reason = detail::stored_text(given);
     std::lock_guard lock(mutex_);
     Record* row = holder(key, fence);
     if (row == nullptr) return missed(key, fence, status);
     row->status = status;
-    row->reason.assign(reason);
+    row->reason = reason;
     row->updated_at = clock_();
     add_history(*row, to_string(status), reason, row->updated_at);
     return CommitStatus::committed;
@@ -562,7 +594,8 @@ class MemoryStore {
       add_history(row, detail::history::taken_over, detail::history::lease_expired, now);
   }
 
-  static bool matches(const Record& row, const RowQuery& query) {
+  static bool matches(const Record& row, const RowQuery& asked) {
+    const RowQuery query = detail::stored_query(asked);
     return (!query.status || row.status == *query.status) &&
            (!query.reason || row.reason == *query.reason) &&
            (query.label_contains.empty() ||

@@ -27,6 +27,7 @@
 #include "conformance/gates.hpp"
 #include "conformance/leases.hpp"
 #include "conformance/operator.hpp"
+#include "conformance/reasons.hpp"
 #include "conformance/redrive.hpp"
 #include "conformance/reservation.hpp"
 #include "conformance/retention.hpp"
@@ -74,6 +75,8 @@ REGISTER_TYPED_TEST_SUITE_P(
     QueuesSignalsMismatchesRedrivesAndPurgesSeeOnlyTheirGate,
     AnotherGatesReconcilerNeverFinishesAStrandedRow,
     AdoptingGivesRowsOfNoGateToOneGateExceptKeysItHolds,
+    AReservationMeetingARowOfNoGateAnswersFromItAndTakesItOver,
+    ABatchReservationMeetingRowsOfNoGateAnswersFromThem,
     RedrivingByKeyLeavesCommittedInFlightAndEscalatedRowsAlone,
     RedrivingByTimeLeavesCommittedInFlightAndEscalatedRowsAlone,
     ARenewalExtendsOnlyTheLeasesWhoseFenceStillHolds,
@@ -81,7 +84,9 @@ REGISTER_TYPED_TEST_SUITE_P(
     CausesGroupTheGatesFailedAndEscalatedRowsByReason,
     RedrivingACauseTakesOnlyItsFailedRowsInTheGateAndKeepsTheReason,
     GatesListsEveryGateWithRowsFromAnyHandle, ALabelIsKeptOnlyWhenGivenAndFindsItsRow,
-    HistoryKeepsWhyEveryAttemptEndedThroughRedriveAndResolve, HistoryKeepsTheNewestSixteenEntries);
+    HistoryKeepsWhyEveryAttemptEndedThroughRedriveAndResolve, HistoryKeepsTheNewestSixteenEntries,
+    AReasonOfAnyBytesIsStoredReadBackAndFoundAgain, ALabelOfAnyBytesIsStoredAndFindsItsRow,
+    AGateWhoseDownstreamFailsWithAnyBytesEndsTheAttemptAndReturns);
 
 /// @endcond
 }  // namespace idemgate::testing

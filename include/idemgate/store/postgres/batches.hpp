@@ -6,6 +6,7 @@
 #include "../../errors.hpp"
 #include "../../record.hpp"
 #include "../log/protocol.hpp"
+#include "../log/text.hpp"
 #include "events.hpp"
 #include "failure.hpp"
 #include "session.hpp"
@@ -38,12 +39,13 @@ class Batches {
   std::vector<Reservation> reserve_batch(std::span<const ReserveItem> items,
                                          std::chrono::milliseconds lease) {
     std::vector<std::string_view> keys, fingerprints, requests, labels;
+    std::vector<std::string> stored_labels(items.size());  // only those the log keeps changed
     for (const ReserveItem& item : items) {
       keys.push_back(item.key.view());
       fingerprints.push_back(
           {reinterpret_cast<const char*>(item.fingerprint.data()), item.fingerprint.size()});
       requests.push_back(item.request);
-      labels.push_back(item.label);
+      labels.push_back(detail::stored_view(item.label, stored_labels[labels.size()]));
     }
     const std::int64_t holder = new_holder_token();  // see EventPath::reserve
     const pqxx::result rows = s_.reserving(

@@ -8,6 +8,7 @@
 #include "../../record.hpp"
 #include "../log/protocol.hpp"
 #include "../log/row.hpp"
+#include "../log/text.hpp"
 #include "session.hpp"
 #include "sql/events.hpp"
 #include "values.hpp"
@@ -38,7 +39,7 @@ class EventPath {
     const std::string fingerprint_param =
         pq::bytea_param({reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
     const std::string request_param = pq::bytea_param(request);
-    const std::string label_text(label);
+    const std::string label_text = detail::stored_text(label);
     const std::int64_t lease_ms = sql_duration<std::chrono::milliseconds>(lease);
     // This attempt's token: when a reply is lost and the statement runs again, the row it finds
     // is recognised as this attempt's own instead of "another worker holds this key".
@@ -124,7 +125,7 @@ class EventPath {
   CommitStatus settle(const sql::Statement& statement, const Key& key, std::int64_t fence,
                       std::string_view reason, RecordStatus target) {
     const std::string key_param = pq::bytea_param(key.view());
-    const std::string reason_text(reason);
+    const std::string reason_text = detail::stored_text(reason);
     return s_.run([&](Lease& c) {
       pqxx::nontransaction tx(c.connection());
       if (pq::affected_rows(s_.exec(c, tx, statement, gate_, key_param, fence, reason_text)) > 0)
@@ -136,7 +137,7 @@ class EventPath {
   /// See `PostgresStore::release`.
   bool release(const Key& key, std::int64_t fence, std::string_view reason) {
     const std::string key_param = pq::bytea_param(key.view());
-    const std::string reason_text(reason);
+    const std::string reason_text = detail::stored_text(reason);
     try {
       return s_.run([&](Lease& c) {
         pqxx::nontransaction tx(c.connection());

@@ -7,6 +7,7 @@
 #include "../../key.hpp"
 #include "../../record.hpp"
 #include "../log/row.hpp"
+#include "../log/text.hpp"
 #include "session.hpp"
 #include "sql/monitoring.hpp"
 #include "values.hpp"
@@ -50,7 +51,7 @@ class Monitoring {
     const std::string key_param = pq::bytea_param(key.view());
     const std::string stored_param = pq::bytea_param(stored);
     const std::string observed_param = pq::bytea_param(observed);
-    const std::string source_text(source);
+    const std::string source_text = detail::stored_text(source);
     s_.run([&](Lease& c) {
       pqxx::nontransaction tx(c.connection());
       return s_.exec(c, tx, sql::postgres::record_mismatch, gate_, key_param, stored_param,

@@ -7,6 +7,7 @@
 #include "../../key.hpp"
 #include "../../record.hpp"
 #include "../log/row.hpp"
+#include "../log/text.hpp"
 #include "session.hpp"
 #include "sql/operator.hpp"
 #include "values.hpp"
@@ -81,7 +82,7 @@ class OperatorQueue {
 
   /// See `PostgresStore::redrive_cause`.
   std::size_t redrive_cause(std::string_view reason, std::size_t limit) {
-    return changed(sql::postgres::redrive_cause, std::string(reason), sql_limit(limit));
+    return changed(sql::postgres::redrive_cause, detail::stored_text(reason), sql_limit(limit));
   }
 
   /// See `PostgresStore::rows`.
@@ -157,9 +158,9 @@ class OperatorQueue {
       return at ? sql_micros(*at) : std::int64_t{0};
     };
     return exec(std::string(query.status ? to_string(*query.status) : std::string_view()),
-                query.reason.has_value(), query.reason.value_or(std::string()),
-                query.label_contains, query.changed_from.has_value(), micros(query.changed_from),
-                query.changed_to.has_value(), micros(query.changed_to));
+                query.reason.has_value(), detail::stored_text(query.reason.value_or(std::string())),
+                detail::stored_text(query.label_contains), query.changed_from.has_value(),
+                micros(query.changed_from), query.changed_to.has_value(), micros(query.changed_to));
   }
 
   Session& s_;

@@ -98,6 +98,10 @@ class Schema {
       moved += static_cast<std::size_t>(n);
       if (static_cast<std::size_t>(n) < batch) break;
     }
+    s_.run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      (void)s_.exec(c, tx, sql::postgres::adopt_mismatches, gate_);
+    });
     return moved;
   }
 

@@ -7,6 +7,7 @@
 #include "../../record.hpp"
 #include "../log/protocol.hpp"
 #include "../log/row.hpp"
+#include "../log/text.hpp"
 #include "options.hpp"
 #include "session.hpp"
 #include "sql/events.hpp"
@@ -49,9 +50,12 @@ class EventPath {
     const SqliteBlob fingerprint_blob{
         {reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()}};
     const std::int64_t until = later(now, lease);
+    std::string label_buffer;
+    label = detail::stored_view(label, label_buffer);
     if (s_.change(sql::sqlite::reserve, "reserving a key", gate_, key, until, fingerprint_blob,
                   SqliteBlob{request}, now, label) == 1)
       return Reservation::acquired(1);
+    (void)s_.change(sql::sqlite::adopt_key, "reserving a key", gate_, key);
     Reservation found;
     bool take_over = false;
     {
@@ -123,9 +127,11 @@ class EventPath {
   /// if `fence` still holds (`committed` also when this fence already stored it).
   CommitStatus settle(const sql::Statement& statement, const char* doing, const Key& key,
                       std::int64_t fence, std::string_view reason, RecordStatus target) {
+    std::string buffer;
+    const std::string_view stored = detail::stored_view(reason, buffer);
     return s_.run(doing, &key, [&] {
       s_.begin();
-      if (s_.change(statement, doing, gate_, key, fence, reason, s_.now_micros()) == 0)
+      if (s_.change(statement, doing, gate_, key, fence, stored, s_.now_micros()) == 0)
         return missed(key, fence, target);
       s_.end(doing);
       return CommitStatus::committed;
@@ -134,10 +140,12 @@ class EventPath {
 
   /// See `SqliteStore::release`.
   bool release(const Key& key, std::int64_t fence, std::string_view reason) {
+    std::string buffer;
+    const std::string_view stored = detail::stored_view(reason, buffer);
     return s_.run("releasing a key", &key, [&] {
       s_.begin();
       const bool released = s_.change(sql::sqlite::release, "releasing a key", gate_, key, fence,
-                                      ended_lease, s_.now_micros(), reason) > 0;
+                                      ended_lease, s_.now_micros(), stored) > 0;
       s_.end("releasing a key");
       return released;
     });

@@ -7,6 +7,7 @@
 #include "../../key.hpp"
 #include "../../record.hpp"
 #include "../log/row.hpp"
+#include "../log/text.hpp"
 #include "options.hpp"
 #include "session.hpp"
 #include "sql/monitoring.hpp"
@@ -49,10 +50,12 @@ class Monitoring {
   /// See `SqliteStore::record_mismatch`.
   void record_mismatch(const Key& key, std::string_view stored, std::string_view observed,
                        std::string_view source) {
+    std::string buffer;
+    const std::string_view stored_source = detail::stored_view(source, buffer);
     s_.run("recording a mismatch", &key, [&] {
       s_.begin();
       s_.change(sql::sqlite::record_mismatch, "recording a mismatch", gate_, key,
-                SqliteBlob{stored}, SqliteBlob{observed}, source, s_.now_micros());
+                SqliteBlob{stored}, SqliteBlob{observed}, stored_source, s_.now_micros());
       s_.end("recording a mismatch");
       return 0;
     });

@@ -6,6 +6,7 @@
 #include "../../key.hpp"
 #include "../../record.hpp"
 #include "../log/row.hpp"
+#include "../log/text.hpp"
 #include "options.hpp"
 #include "session.hpp"
 #include "sql/operator.hpp"
@@ -73,12 +74,13 @@ class OperatorQueue {
 
   /// See `SqliteStore::redrive_cause`.
   std::size_t redrive_cause(std::string_view reason, std::size_t limit) {
-    return changed(sql::sqlite::redrive_cause, "re-driving a cause", nullptr, reason,
-                   sql_limit(limit), ended_lease);
+    return changed(sql::sqlite::redrive_cause, "re-driving a cause", nullptr,
+                   detail::stored_text(reason), sql_limit(limit), ended_lease);
   }
 
   /// See `SqliteStore::rows`.
-  std::vector<Record> rows(const RowQuery& query) {
+  std::vector<Record> rows(const RowQuery& asked) {
+    const RowQuery query = detail::stored_query(asked);
     return s_.run("listing rows", nullptr, [&] {
       auto& list = s_.statement(sql::sqlite::rows);
       ResetGuard guard(list);
@@ -90,7 +92,8 @@ class OperatorQueue {
   }
 
   /// See `SqliteStore::count`.
-  std::int64_t count(const RowQuery& query) {
+  std::int64_t count(const RowQuery& asked) {
+    const RowQuery query = detail::stored_query(asked);
     return s_.run("counting rows", nullptr, [&] {
       auto& read = s_.statement(sql::sqlite::count);
       ResetGuard guard(read);

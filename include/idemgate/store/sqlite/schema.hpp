@@ -95,6 +95,7 @@ class Schema {
       s_.begin();
       const std::int64_t moved = s_.change(idemgate::sql::sqlite::adopt, "adopting rows of no gate",
                                            gate_, sql_limit(limit));
+      (void)s_.change(idemgate::sql::sqlite::adopt_mismatches, "adopting rows of no gate", gate_);
       s_.end("adopting rows of no gate");
       return static_cast<std::size_t>(moved);
     });

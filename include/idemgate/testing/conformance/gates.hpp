@@ -176,10 +176,14 @@ TYPED_TEST_P(StoreConformance, AdoptingGivesRowsOfNoGateToOneGateExceptKeysItHol
     const auto fp = idemgate::detail::sha256("old");
     const Key first = detail::key_of("unowned", 0), second = detail::key_of("unowned", 1),
               third = detail::key_of("unowned", 2);
+    auto claims = unowned.for_gate("ect.claim_slot");
+    // The gate holds `third` already, and then a row of no gate appears under it too (as an
+    // earlier version's reservation, before its gate took rows of no gate over, left it).
+    ASSERT_EQ(claims.reserve(third, fp, "new", 1min).kind, Reservation::Kind::acquired);
     for (const Key& key : {first, second, third})
       ASSERT_EQ(unowned.reserve(key, fp, "old", 1min).kind, Reservation::Kind::acquired);
-    auto claims = unowned.for_gate("ect.claim_slot");
-    ASSERT_EQ(claims.reserve(third, fp, "new", 1min).kind, Reservation::Kind::acquired);
+    unowned.record_mismatch(first, "stored", "observed", "reconciler");
+    unowned.record_mismatch(third, "stored", "observed", "reconciler");
     EXPECT_THROW((void)unowned.adopt_unowned_rows(10), std::logic_error);
     EXPECT_EQ(claims.adopt_unowned_rows(1), 1u);
     EXPECT_EQ(claims.adopt_unowned_rows(10), 1u) << "the key it holds stays unowned";
@@ -191,6 +195,72 @@ TYPED_TEST_P(StoreConformance, AdoptingGivesRowsOfNoGateToOneGateExceptKeysItHol
     EXPECT_FALSE(unowned.find(first).has_value());
     EXPECT_EQ(unowned.find(third)->request, "old");
     EXPECT_FALSE(this->store().find(first).has_value()) << "another gate got nothing";
+    // The adopted key's mismatch went with its row; the one of the key left unowned stayed.
+    const auto carried = claims.mismatches(10);
+    ASSERT_EQ(carried.size(), 1u);
+    EXPECT_EQ(carried[0].key, first);
+    const auto left = unowned.mismatches(10);
+    ASSERT_EQ(left.size(), 1u);
+    EXPECT_EQ(left[0].key, third);
+  }
+}
+
+TYPED_TEST_P(StoreConformance, AReservationMeetingARowOfNoGateAnswersFromItAndTakesItOver) {
+  // Rows an earlier version wrote before logs knew their gates, not adopted yet: a finished
+  // event, one finished with another request, and one whose worker died.
+  auto& unowned = this->unscoped_store();
+  const auto fp = idemgate::detail::sha256("MSKU1");
+  const Key done = detail::key_of("before gates", 0), other = detail::key_of("before gates", 1),
+            stranded = detail::key_of("before gates", 2);
+  for (const Key& key : {done, other, stranded})
+    ASSERT_EQ(unowned.reserve(key, fp, "MSKU1", 1ms).kind, Reservation::Kind::acquired);
+  ASSERT_EQ(unowned.commit(done, 1, "slot 17", this->writer(done)), CommitStatus::committed);
+  ASSERT_EQ(unowned.commit(other, 1, "slot 18", this->writer(other)), CommitStatus::committed);
+  this->traits_.advance(1min);
+
+  auto claims = unowned.for_gate("ect.claim_slot");
+  const Reservation again = claims.reserve(done, fp, "MSKU1", 1min);
+  EXPECT_EQ(again.kind, Reservation::Kind::existing) << "an event finished before the upgrade "
+                                                        "was reserved as new";
+  EXPECT_EQ(again.status, RecordStatus::committed);
+  EXPECT_TRUE(again.same_request);
+  EXPECT_EQ(again.result, "slot 17");
+  EXPECT_EQ(claims.find(done)->gate, "ect.claim_slot") << "the row became the gate's";
+  EXPECT_EQ(claims.find(done)->duplicates, 1);
+  EXPECT_FALSE(unowned.find(done).has_value());
+  EXPECT_FALSE(this->store().find(done).has_value()) << "one gate took it, not every gate";
+
+  const Reservation changed =
+      claims.reserve(other, idemgate::detail::sha256("MSKU2"), "MSKU2", 1min);
+  EXPECT_EQ(changed.kind, Reservation::Kind::existing);
+  EXPECT_FALSE(changed.same_request) << "another request under the key is a conflict";
+
+  const Reservation taken = claims.reserve(stranded, fp, "MSKU1", 1min);
+  EXPECT_EQ(taken.kind, Reservation::Kind::taken_over) << "the dead worker's event is finished";
+  EXPECT_EQ(taken.fence, 2);
+  EXPECT_EQ(this->traits_.business_rows_for(done), 1) << "written once, by the earlier version";
+}
+
+TYPED_TEST_P(StoreConformance, ABatchReservationMeetingRowsOfNoGateAnswersFromThem) {
+  auto& unowned = this->unscoped_store();
+  auto claims = unowned.for_gate("ect.claim_slot");
+  if constexpr (!requires { claims.reserve_batch(std::span<const ReserveItem>{}, 1min); }) {
+    GTEST_SKIP() << "this store reserves no batches of its own";
+  } else {
+    const auto fp = idemgate::detail::sha256("MSKU1");
+    const Key done = detail::key_of("batch before gates", 0),
+              fresh = detail::key_of("batch before gates", 1);
+    ASSERT_EQ(unowned.reserve(done, fp, "MSKU1", 1min).kind, Reservation::Kind::acquired);
+    ASSERT_EQ(unowned.commit(done, 1, "slot 17", this->writer(done)), CommitStatus::committed);
+    const std::vector<ReserveItem> items{{done, fp, "MSKU1"}, {fresh, fp, "MSKU1"}};
+    const std::vector<Reservation> got = claims.reserve_batch(items, 1min);
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0].kind, Reservation::Kind::existing);
+    EXPECT_EQ(got[0].status, RecordStatus::committed);
+    EXPECT_EQ(got[0].result, "slot 17");
+    EXPECT_EQ(got[1].kind, Reservation::Kind::acquired);
+    EXPECT_EQ(claims.find(done)->gate, "ect.claim_slot");
+    EXPECT_FALSE(unowned.find(done).has_value());
   }
 }
 

@@ -6,9 +6,10 @@
 
 namespace idemgate::sql::postgres {
 
-/// Reserves many keys in one statement, each as `reserve` would: one row per item with its
-/// ordinal, whether it was claimed, its fence, and for a key met its status, same request, live
-/// lease, result, reason and whether this batch wrote it (its reply lost).
+/// Reserves many keys in one statement, each as `reserve` would (a key whose only row belongs to
+/// no gate included): one row per item with its ordinal, whether it was claimed, its fence, and
+/// for a key met its status, same request, live lease, result, reason and whether this batch
+/// wrote it (its reply lost).
 inline constexpr Statement reserve_batch{
     "idemgate_reserve_batch",
     "$1 gate, $2 keys (bytea[]), $3 fingerprints (bytea[]), $4 requests (bytea[]), $5 lease (ms), "
@@ -17,12 +18,23 @@ inline constexpr Statement reserve_batch{
 WITH input AS (
   SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::bytea[], $7::text[])
     WITH ORDINALITY AS i(key, fingerprint, request, label, n)),
+adopted AS (
+  UPDATE {log} AS log SET gate = $1::text, duplicates = log.duplicates + 1
+    FROM input
+   WHERE log.gate = '' AND log.key = input.key
+     AND NOT EXISTS (SELECT 1 FROM {log} AS held WHERE held.gate = $1::text
+                                                 AND held.key = input.key)
+  RETURNING log.key, log.fence, log.status, log.fingerprint = input.fingerprint AS same,
+            log.lease_until >= now() AS live, log.result, log.reason),
 claimed AS (
   INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, holder,
                      attempts, label)
   SELECT $1::text, key, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',
          fingerprint, request, $6::bigint, 1, nullif(label, '')
-    FROM input ORDER BY n
+    FROM input
+   WHERE NOT EXISTS (SELECT 1 FROM {log} AS unowned WHERE unowned.gate = ''
+                                                     AND unowned.key = input.key)
+   ORDER BY n
   ON CONFLICT (gate, key) DO NOTHING
   RETURNING key, fence),
 seen AS (
@@ -36,11 +48,15 @@ seen AS (
      AND NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.key = input.key)
   RETURNING log.key, log.fence, log.status, log.fingerprint = input.fingerprint AS same,
             log.lease_until >= now() AS live, log.result, log.reason,
-            log.holder = $6::bigint AS mine)
-SELECT input.n, claimed.fence IS NOT NULL, coalesce(claimed.fence, seen.fence), seen.status,
-       seen.same, seen.live, seen.result, seen.reason, seen.mine
+            log.holder = $6::bigint AS mine),
+met AS (
+  SELECT key, fence, status, same, live, result, reason, mine FROM seen
+  UNION ALL
+  SELECT key, fence, status, same, live, result, reason, false FROM adopted)
+SELECT input.n, claimed.fence IS NOT NULL, coalesce(claimed.fence, met.fence), met.status,
+       met.same, met.live, met.result, met.reason, met.mine
   FROM input LEFT JOIN claimed ON claimed.key = input.key
-             LEFT JOIN seen ON seen.key = input.key
+             LEFT JOIN met ON met.key = input.key
 )sql"};
 
 /// Counts the items of a batch committed under their fences (after an in-doubt COMMIT).

@@ -8,16 +8,29 @@ namespace idemgate::sql::postgres {
 
 /// The reservation: inserts the key as in flight; when it exists, counts the duplicate and
 /// returns the stored row. One statement, one round trip, either way.
+///
+/// A key whose only row belongs to no gate (written before logs knew their gates, not adopted
+/// yet) is that row: the gate takes it over in the same statement and answers from it, so an
+/// event the earlier version finished is never processed again, in whatever order the upgrade's
+/// steps ran. The new row is inserted only when no row of no gate holds the key; a reservation
+/// that waited for an adoption moving the row finds nothing and runs again.
 inline constexpr Statement reserve{
     "idemgate_reserve",
     "$1 gate, $2 key, $3 fingerprint, $4 request, $5 lease (ms), $6 holder token, $7 label ('' "
     "for none)",
     R"sql(
-WITH claimed AS (
+WITH adopted AS (
+  UPDATE {log} SET gate = $1::text, duplicates = duplicates + 1
+   WHERE gate = '' AND key = $2::bytea
+     AND NOT EXISTS (SELECT 1 FROM {log} WHERE gate = $1::text AND key = $2::bytea)
+  RETURNING fence, status, fingerprint = $3::bytea AS same, lease_until >= now() AS live,
+            result, reason),
+claimed AS (
   INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, holder,
                      attempts, label)
-  VALUES ($1::text, $2::bytea, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',
-          $3::bytea, $4::bytea, $6::bigint, 1, nullif($7::text, ''))
+  SELECT $1::text, $2::bytea, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',
+         $3::bytea, $4::bytea, $6::bigint, 1, nullif($7::text, '')
+   WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea)
   ON CONFLICT (gate, key) DO NOTHING
   RETURNING fence),
 -- A row this attempt wrote itself (its reply was lost) is not a duplicate: it comes back as
@@ -36,6 +49,8 @@ SELECT true, fence, NULL::text, NULL::boolean, NULL::boolean, NULL::bytea, NULL:
   FROM claimed
 UNION ALL
 SELECT false, fence, status, same, live, result, reason, mine FROM seen
+UNION ALL
+SELECT false, fence, status, same, live, result, reason, false FROM adopted
 )sql"};
 
 /// Takes an expired lease over: the next fence, a new lease and holder, one more attempt.

@@ -183,4 +183,14 @@ UPDATE {log} AS log SET gate = $1::text FROM picked
  WHERE log.gate = '' AND log.key = picked.key
 )sql"};
 
+/// Gives the handle's gate the mismatches of no gate whose key it holds and no row of no gate
+/// holds (after `adopt`, or after reservations took rows of no gate over one by one).
+inline constexpr Statement adopt_mismatches{"idemgate_adopt_mismatches", "$1 gate", R"sql(
+UPDATE {mismatches} SET gate = $1::text
+ WHERE gate = '' AND EXISTS (SELECT 1 FROM {log} AS held WHERE held.gate = $1::text
+                                                          AND held.key = {mismatches}.key)
+   AND NOT EXISTS (SELECT 1 FROM {log} AS unowned WHERE unowned.gate = ''
+                                                  AND unowned.key = {mismatches}.key)
+)sql"};
+
 }  // namespace idemgate::sql::postgres

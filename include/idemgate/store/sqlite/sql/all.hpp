@@ -20,6 +20,7 @@ inline constexpr const Statement* statements[] = {
     &commit_transaction,
     &rollback,
     &reserve,
+    &adopt_key,
     &duplicate,
     &take_over,
     &commit,
@@ -52,6 +53,7 @@ inline constexpr const Statement* statements[] = {
     &migrated_version,
     &record_migration,
     &adopt,
+    &adopt_mismatches,
 };
 
 /// Every fragment the statements call (`{name(…)}`).

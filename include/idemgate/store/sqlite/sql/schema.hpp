@@ -153,4 +153,14 @@ UPDATE {log} SET gate = ?1
                               LIMIT ?2)
 )sql"};
 
+/// Gives the handle's gate the mismatches of no gate whose key it holds and no row of no gate
+/// holds (after `adopt`, or after reservations took rows of no gate over one by one).
+inline constexpr Statement adopt_mismatches{"adopt_mismatches", "?1 gate", R"sql(
+UPDATE {mismatches} SET gate = ?1
+ WHERE gate = '' AND EXISTS (SELECT 1 FROM {log} AS held WHERE held.gate = ?1
+                                                          AND held.key = {mismatches}.key)
+   AND NOT EXISTS (SELECT 1 FROM {log} AS unowned WHERE unowned.gate = ''
+                                                  AND unowned.key = {mismatches}.key)
+)sql"};
+
 }  // namespace idemgate::sql::sqlite
