@@ -52,10 +52,10 @@ class EventPath {
     const std::int64_t until = later(now, lease);
     std::string label_buffer;
     label = detail::stored_view(label, label_buffer);
+    if (!gate_.empty()) (void)s_.change(sql::sqlite::adopt_key, "reserving a key", gate_, key);
     if (s_.change(sql::sqlite::reserve, "reserving a key", gate_, key, until, fingerprint_blob,
                   SqliteBlob{request}, now, label) == 1)
       return Reservation::acquired(1);
-    (void)s_.change(sql::sqlite::adopt_key, "reserving a key", gate_, key);
     Reservation found;
     bool take_over = false;
     {

@@ -17,7 +17,7 @@ inline constexpr Statement rollback{"rollback", "", "ROLLBACK"};
 /// The reservation of a new key. No RETURNING (SQLite builds a temporary table per run for one)
 /// and no statement journal: the common case allocates nothing per event. For a key that
 /// exists, `duplicate` follows in the same write transaction, so no reservation goes uncounted.
-/// A key whose only row belongs to no gate is not inserted: `adopt_key` takes that row over.
+/// `adopt_key` runs first, in the same write transaction.
 inline constexpr Statement reserve{
     "reserve",
     "?1 gate, ?2 key, ?3 lease until (µs), ?4 fingerprint, ?5 request, ?6 now (µs), ?7 label ('' "
@@ -25,17 +25,17 @@ inline constexpr Statement reserve{
     R"sql(
 INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, duplicates,
                    attempts, created_at, updated_at, label)
-SELECT ?1, ?2, 'in_flight', 1, ?3, ?4, ?5, 0, 1, ?6, ?6, nullif(?7, '')
- WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = ?2)
+VALUES (?1, ?2, 'in_flight', 1, ?3, ?4, ?5, 0, 1, ?6, ?6, nullif(?7, ''))
 ON CONFLICT (gate, key) DO NOTHING
 )sql"};
 
-/// A reservation that inserted nothing, first: a row of the key that belongs to no gate (written
-/// before logs knew their gates, not adopted yet) becomes the gate's, so the event an earlier
-/// version finished is answered from it instead of being processed again.
+/// Before a gate's reservation, in its write transaction: a row of the key that belongs to no gate
+/// (written before logs knew their gates, not adopted yet) becomes the gate's, so the event an
+/// earlier version finished is answered from it instead of being processed again. A key the gate
+/// holds already keeps its own row (OR IGNORE). One primary-key probe, no temporary table (an
+/// INSERT that read the log in a subquery would build one per run).
 inline constexpr Statement adopt_key{"adopt_key", "?1 gate, ?2 key", R"sql(
-UPDATE {log} SET gate = ?1
- WHERE gate = '' AND key = ?2 AND NOT EXISTS (SELECT 1 FROM {log} WHERE gate = ?1 AND key = ?2)
+UPDATE OR IGNORE {log} SET gate = ?1 WHERE gate = '' AND key = ?2
 )sql"};
 
 /// Counts a reservation that met a stored key, and returns the stored row.
