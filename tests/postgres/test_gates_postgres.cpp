@@ -232,16 +232,17 @@ TEST_F(EarlierLog, MigratesInPlaceWhileAWriterGoesOnAndReplicasMigrateAtOnce) {
   EXPECT_EQ(redriven->history[2].reason, "422");
 }
 
-TEST_F(EarlierLog, AdoptingSkipsKeysTheGateAlreadyHolds) {
+TEST_F(EarlierLog, AReservationAfterTheUpgradeTakesItsKeysRowOverAndAdoptingTheRest) {
   pg_exec(idemgate::test::earlier_pg_log_schema(log));
   fill_earlier_log(log, 10);
   PostgresStore store(uri, {.table = log});
   store.migrate();
   auto claims = store.for_gate("ect.claim_slot");
   const Key taken = Key(idemgate::detail::sha256(std::string("\0\0\0\2", 4)));
-  ASSERT_EQ(claims.reserve(taken, idemgate::detail::sha256("x"), "x", 1min).kind,
-            idemgate::Reservation::Kind::acquired);
+  const auto met = claims.reserve(taken, idemgate::detail::sha256("x"), "x", 1min);
+  EXPECT_EQ(met.kind, idemgate::Reservation::Kind::existing) << "reserved anew after the upgrade";
+  EXPECT_FALSE(met.same_request) << "another request under the key is a conflict";
   EXPECT_EQ(claims.adopt_unowned_rows(100), 9u);
-  EXPECT_EQ(store.find(taken)->request, "MSKU2") << "left unowned: the gate has its own row";
-  EXPECT_EQ(claims.find(taken)->request, "x");
+  EXPECT_FALSE(store.find(taken).has_value());
+  EXPECT_EQ(claims.find(taken)->request, "MSKU2") << "the row of the earlier version, moved whole";
 }
