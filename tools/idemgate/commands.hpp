@@ -220,6 +220,14 @@ class Commands {
     return !root_.rows(one).empty();
   }
 
+  /// What `check` and `gates` say of `n` rows that belong to no gate.
+  static std::string unowned_note(std::int64_t n) {
+    return std::to_string(n) + (n == 1 ? " row belongs" : " rows belong") +
+           " to no gate (written before logs knew their gates): a gate's reservation takes its "
+           "key's row over, but no gate's reconciler, queue, signals or retention sees them "
+           "until `idemgate adopt --gate NAME` gives them to the gate that wrote them";
+  }
+
   /// How a handle's gate is shown in a table: its name, or "(no gate)" for the rows of no gate.
   static std::string shown(const Store& store) {
     return store.gate().empty() ? std::string("(no gate)") : std::string(store.gate());
@@ -240,13 +248,7 @@ class Commands {
     } else {
       std::printf("ok: the log %s is reachable and readable by this version (%zu gate%s)\n",
                   c_.table.c_str(), gates.size(), gates.size() == 1 ? "" : "s");
-      if (unowned > 0)
-        std::printf(
-            "note: %lld row%s belong%s to no gate (written before logs knew their gates): "
-            "a gate's reservation takes its key's row over, but no gate's reconciler, "
-            "queue, signals or retention sees them until adopted: "
-            "idemgate adopt --gate NAME\n",
-            static_cast<long long>(unowned), unowned == 1 ? "" : "s", unowned == 1 ? "s" : "");
+      if (unowned > 0) std::printf("note: %s\n", unowned_note(unowned).c_str());
     }
     return exit_ok;
   }
@@ -279,11 +281,7 @@ class Commands {
     else
       std::fprintf(stderr, "the log %s has no rows of any gate\n", c_.table.c_str());
     if (const std::int64_t unowned = root_.count(RowQuery{}); unowned > 0)
-      std::fprintf(stderr,
-                   "%lld row%s belong%s to no gate (written before logs knew their gates): "
-                   "`idemgate adopt --gate NAME` gives them to the gate that wrote them\n",
-                   static_cast<long long>(unowned), unowned == 1 ? "" : "s",
-                   unowned == 1 ? "s" : "");
+      std::fprintf(stderr, "%s\n", unowned_note(unowned).c_str());
     return out.empty() ? exit_nothing : exit_ok;
   }
 

@@ -267,26 +267,23 @@ class Endpoint {
       if (status == CommitStatus::lost_lease) return in_progress();
       return first;
     } catch (const NotStored& not_stored) {
-      if (give_back(key, fence,
-                    "the handler answered " + std::to_string(not_stored.response.status)))
-        return not_stored.response;
-      Response held = not_stored.response;
-      held.set_header("Retry-After", std::to_string(lease_seconds()));
-      return held;
+      Response answer = not_stored.response;
+      if (!give_back(key, fence, "the handler answered " + std::to_string(answer.status)))
+        held_until_lease(answer);
+      return answer;
     } catch (const StoreError& e) {
       (void)give_back(key, fence, e.what());
       return store_failed(e);
     } catch (const std::exception& e) {
-      if (give_back(key, fence, e.what()))
-        return problem(500, "handler-failed", "The request failed",
-                       "The request was not carried out and nothing was stored; it may be sent "
-                       "again under the same key.");
-      Response held = problem(500, "handler-failed", "The request failed",
-                              "The request was not carried out and nothing was stored; it may be "
-                              "sent again under the same key after the Retry-After delay, when "
-                              "its key is free again.");
-      held.set_header("Retry-After", std::to_string(lease_seconds()));
-      return held;
+      const bool free = give_back(key, fence, e.what());
+      Response answer = problem(500, "handler-failed", "The request failed",
+                                free ? "The request was not carried out and nothing was stored; "
+                                       "it may be sent again under the same key."
+                                     : "The request was not carried out and nothing was stored; "
+                                       "it may be sent again under the same key after the "
+                                       "Retry-After delay, when its key is free again.");
+      if (!free) held_until_lease(answer);
+      return answer;
     } catch (...) {
       give_back(key, fence, "the handler threw");
       throw;
@@ -326,6 +323,11 @@ class Endpoint {
 
   // The lease in whole seconds, rounded up: when a key that could not be given back is free.
   std::int64_t lease_seconds() const { return (options_.lease.count() + 999) / 1000; }
+
+  // Tells the client of a key that could not be given back when to retry: once its lease ran out.
+  void held_until_lease(Response& answer) const {
+    answer.set_header("Retry-After", std::to_string(lease_seconds()));
+  }
 
   bool past_lifetime(std::chrono::system_clock::time_point finished) const {
     return std::chrono::system_clock::now() - finished >= options_.key_lifetime;

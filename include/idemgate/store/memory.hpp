@@ -388,7 +388,8 @@ class MemoryStore {
   }
 
   /// Up to `query.limit` rows of this gate that match `query`, the newest change first.
-  std::vector<Record> rows(const RowQuery& query) const {
+  std::vector<Record> rows(const RowQuery& asked) const {
+    const RowQuery query = detail::stored_query(asked);
     std::lock_guard lock(mutex_);
     std::vector<Record> found;
     for (const auto& [key, row] : rows_)
@@ -401,7 +402,8 @@ class MemoryStore {
   }
 
   /// How many rows of this gate match `query` (its limit aside).
-  std::int64_t count(const RowQuery& query) const {
+  std::int64_t count(const RowQuery& asked) const {
+    const RowQuery query = detail::stored_query(asked);
     std::lock_guard lock(mutex_);
     return static_cast<std::int64_t>(
         std::count_if(rows_.begin(), rows_.end(),
@@ -594,8 +596,8 @@ class MemoryStore {
       add_history(row, detail::history::taken_over, detail::history::lease_expired, now);
   }
 
-  static bool matches(const Record& row, const RowQuery& asked) {
-    const RowQuery query = detail::stored_query(asked);
+  // `query` as the log keeps its texts (`detail::stored_query`).
+  static bool matches(const Record& row, const RowQuery& query) {
     return (!query.status || row.status == *query.status) &&
            (!query.reason || row.reason == *query.reason) &&
            (query.label_contains.empty() ||

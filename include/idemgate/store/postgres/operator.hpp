@@ -150,17 +150,19 @@ class OperatorQueue {
     return out;
   }
 
-  // Calls `exec` with an operator's query as the parameters $2 to $9 of `rows` and `count`: a
-  // switch and a value for each filter (libpqxx 6.4 binds no NULL parameters).
+  // Calls `exec` with an operator's query, its texts as the log keeps them
+  // (`detail::stored_query`), as the parameters $2 to $9 of `rows` and `count`: a switch and a
+  // value for each filter (libpqxx 6.4 binds no NULL parameters).
   template <class Exec>
-  static pqxx::result with_query(const RowQuery& query, Exec&& exec) {
+  static pqxx::result with_query(const RowQuery& asked, Exec&& exec) {
+    const RowQuery query = detail::stored_query(asked);
     const auto micros = [](const std::optional<std::chrono::system_clock::time_point>& at) {
       return at ? sql_micros(*at) : std::int64_t{0};
     };
     return exec(std::string(query.status ? to_string(*query.status) : std::string_view()),
-                query.reason.has_value(), detail::stored_text(query.reason.value_or(std::string())),
-                detail::stored_text(query.label_contains), query.changed_from.has_value(),
-                micros(query.changed_from), query.changed_to.has_value(), micros(query.changed_to));
+                query.reason.has_value(), query.reason.value_or(std::string()),
+                query.label_contains, query.changed_from.has_value(), micros(query.changed_from),
+                query.changed_to.has_value(), micros(query.changed_to));
   }
 
   Session& s_;
