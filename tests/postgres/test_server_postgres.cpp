@@ -8,8 +8,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -74,6 +77,50 @@ TEST_F(PostgresServer, AHandlerTakenOverAfterItsLeaseCommitsNoneOfItsWrites) {
   ASSERT_TRUE(again);
   EXPECT_EQ(again->body, R"({"claim":1})");
   EXPECT_EQ(again->get_header_value("Idempotent-Replayed"), "true");
+}
+
+// A give-back the server refuses (a trigger rejects every release of the log: the lease set to
+// the epoch) is not swallowed: tried three times, then logged and counted, and the answer says
+// when the key is free (Retry-After: the lease). A retry before then meets the held key (409);
+// after the lease ran out it runs the handler.
+TEST_F(PostgresServer, AGiveBackTheServerRefusesIsLoggedCountedAndAnsweredWithTheLease) {
+  auto store = claims.open();
+  store.migrate();
+  claims.create();
+  pg_exec("CREATE FUNCTION " + claims.table +
+          "_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
+          "'releases refused'; END $$");
+  pg_exec("CREATE TRIGGER refuse_release BEFORE UPDATE ON " + claims.table +
+          " FOR EACH ROW WHEN (NEW.lease_until = 'epoch') EXECUTE FUNCTION " + claims.table +
+          "_refuse()");
+  std::vector<std::string> logged;
+  server::EndpointOptions options;
+  options.lease = std::chrono::milliseconds(1500);
+  options.log = [&](std::string_view line) { logged.emplace_back(line); };
+  server::Endpoint endpoint{"claims.api", store, options};
+  int runs = 0;
+  const auto handler = [&](pqxx::work& tx, const server::Request& r) {
+    if (++runs == 1) throw std::runtime_error("the handler broke");
+    claims.insert(tx, r.client);
+    return server::Response{201, {{"Content-Type", "text/plain"}}, "claimed"};
+  };
+  const server::Request request{"POST", "/claims", "\"held\"", "text/plain", "body", "acme"};
+  const auto failed = endpoint.handle(request, handler);
+  EXPECT_EQ(failed.status, 500);
+  EXPECT_EQ(failed.header("Retry-After"), "2") << "the lease, in whole seconds rounded up";
+  EXPECT_EQ(endpoint.keys_not_given_back(), 1u);
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_NE(logged[0].find("could not give back key"), std::string::npos) << logged[0];
+  EXPECT_NE(logged[0].find("releases refused"), std::string::npos) << logged[0];
+
+  pg_exec("DROP TRIGGER refuse_release ON " + claims.table);
+  pg_exec("DROP FUNCTION " + claims.table + "_refuse()");
+  EXPECT_EQ(endpoint.handle(request, handler).status, 409) << "the key is held until its lease";
+  EXPECT_EQ(runs, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  EXPECT_EQ(endpoint.handle(request, handler).status, 201);
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(claims.count(), 1);
 }
 
 }  // namespace
