@@ -3,6 +3,7 @@
 // every row kept and readable and the same shape as a new log; a step that fails recorded only up
 // to the last step that finished, and resumed.
 
+#include "support/pg_fault_proxy.hpp"
 #include "support/postgres.hpp"
 #include "support/released_logs.hpp"
 #include "support/released_rows.hpp"
@@ -295,4 +296,31 @@ TEST(PostgresMigrations, AnUpgradeServedBeforeAdoptionNeverProcessesAFinishedEve
   EXPECT_EQ(store.mismatches(10).size(), 0U) << "the mismatches went with their rows";
   EXPECT_EQ(gate.mismatches(10).size(), 2U);
   pg_exec("DROP TABLE " + log + ", " + log + "_mismatches, " + log + "_migrations, " + bookings);
+}
+
+// The reservation that takes a row of no gate over commits, and its reply is lost on the wire:
+// the store sends it again, meets the row now the gate's, and answers it as the duplicate it is,
+// with the stored outcome; nothing is claimed anew.
+TEST(PostgresMigrations, ATakeoverOfARowOfNoGateWhoseReplyIsLostIsStillADuplicate) {
+  const std::string uri = idemgate::test::pg_uri();
+  ASSERT_FALSE(uri.empty());
+  const std::string log = idemgate::test::unique_table("lost");
+  pg_exec("BEGIN; " + idemgate::test::released_pg_log(3, log) +
+          idemgate::test::released_pg_rows(3, log, 4) + " COMMIT;");
+  PostgresStore(uri, {.table = log}).migrate();
+  idemgate::test::PgFaultProxy proxy{uri};
+  PostgresStore through(proxy.uri(), {.table = log, .pool_size = 1});
+  auto gate = through.for_gate("ect.claim_slot");
+  proxy.arm(idemgate::test::Fault::lose_reply, "idemgate_reserve");
+  const auto met = gate.reserve(key_of(1), fingerprint_of(1), "{\"order\":1}", 30s);
+  EXPECT_TRUE(proxy.wait_fired(5s)) << "the reply was not lost";
+  EXPECT_EQ(met.kind, idemgate::Reservation::Kind::existing);
+  EXPECT_EQ(met.status, idemgate::RecordStatus::committed);
+  EXPECT_EQ(met.result, "{\"booking\":1}");
+  EXPECT_EQ(
+      pg_count("SELECT count(*) FROM " + log + " WHERE key = '\\x" + key_of(1).hex() + "'::bytea"),
+      1)
+      << "one row of the key: the gate's";
+  EXPECT_EQ(gate.find(key_of(1))->gate, "ect.claim_slot");
+  pg_exec("DROP TABLE " + log + ", " + log + "_mismatches, " + log + "_migrations");
 }
