@@ -3,6 +3,9 @@
 // while (with --retention) `Retention` purges every second what is older than the window, and
 // (with --hold-snapshot-s) another session holds a REPEATABLE READ snapshot open from the end of
 // the first window on, which keeps vacuum from removing any row deleted or updated after it.
+// With --failing the traffic is a server-side endpoint's whose handler always throws: every
+// request under a new key, none completing (each row is left in flight, its lease given back);
+// with --abandoned, retention also deletes those rows past the window (`abandoned_after`).
 // Every sample prints the events per second since the previous one, the log's heap and index
 // sizes (pg_relation_size, pg_indexes_size), its live and dead rows and its vacuums; the last line
 // is one JSON object with the throughput after the first window and the sizes at its end and at
@@ -10,7 +13,7 @@
 //
 // Usage: steady_state --pg=URI [--keep-s=N] [--windows=N] [--workers=N] [--retention]
 //                     [--hold-snapshot-s=N] [--sample-s=N] [--autovacuum=default|log]
-//                     [--postmaster-pid=PID]
+//                     [--postmaster-pid=PID] [--failing [--abandoned]]
 //   Defaults: --keep-s=10 --windows=10 --workers=4, no retention, no snapshot held,
 //   --sample-s=0 (every keep-s / 2 seconds, at least 1), --autovacuum=default.
 //   --postmaster-pid adds the server's CPU per event to every sample (server_cpu.hpp).
@@ -22,6 +25,7 @@
 
 #include <idemgate/gate.hpp>
 #include <idemgate/retention.hpp>
+#include <idemgate/server/endpoint.hpp>
 #include <idemgate/store/postgres.hpp>
 
 #include <algorithm>
@@ -47,7 +51,7 @@ const std::string business = "steady_business";
 const char* const usage =
     "usage: steady_state --pg=URI [--keep-s=N] [--windows=N] [--workers=N] [--retention]\n"
     "                    [--hold-snapshot-s=N] [--sample-s=N] [--autovacuum=default|log]\n"
-    "                    [--postmaster-pid=PID]";
+    "                    [--postmaster-pid=PID] [--failing [--abandoned]]";
 
 struct Settings {
   std::string uri;
@@ -59,6 +63,8 @@ struct Settings {
   int sample_s = 0;
   std::string autovacuum = "default";
   long postmaster = 0;
+  bool failing = false;
+  bool abandoned = false;
 };
 
 // The settings from the command line; throws std::invalid_argument naming a flag it cannot take.
@@ -66,7 +72,7 @@ Settings parse(int argc, char** argv) {
   const idemgate::bench::Flags flags(argc, argv,
                                      {"pg", "keep-s", "windows", "workers", "hold-snapshot-s",
                                       "sample-s", "autovacuum", "postmaster-pid"},
-                                     {"retention"});
+                                     {"retention", "failing", "abandoned"});
   flags.expect_no_others(argc, argv);
   constexpr std::int64_t int_max = std::numeric_limits<int>::max();
   Settings s;
@@ -75,6 +81,10 @@ Settings parse(int argc, char** argv) {
   s.windows = static_cast<int>(flags.integer("windows", s.windows, 2, int_max));
   s.workers = static_cast<int>(flags.integer("workers", s.workers, 1, int_max));
   s.retention = flags.flag("retention");
+  s.failing = flags.flag("failing");
+  s.abandoned = flags.flag("abandoned");
+  if (s.abandoned && !(s.failing && s.retention))
+    throw std::invalid_argument("--abandoned goes with --failing and --retention");
   s.hold_s = static_cast<int>(flags.integer("hold-snapshot-s", s.hold_s, 0, int_max));
   s.sample_s = static_cast<int>(flags.integer("sample-s", s.sample_s, 0, int_max));
   s.autovacuum = flags.text("autovacuum", s.autovacuum);
@@ -99,7 +109,7 @@ using PgGate =
 
 struct Sample {
   double at_s = 0, events_per_s = 0, server_cpu_us_per_event = 0;
-  std::int64_t heap = 0, indexes = 0, live = 0, dead = 0, vacuums = 0;
+  std::int64_t heap = 0, indexes = 0, live = 0, dead = 0, vacuums = 0, rows = 0;
 };
 
 Sample sample(pqxx::connection& monitor) {
@@ -116,6 +126,7 @@ Sample sample(pqxx::connection& monitor) {
   s.live = idemgate::detail::pq::int_field(r[0][2]);
   s.dead = idemgate::detail::pq::int_field(r[0][3]);
   s.vacuums = idemgate::detail::pq::int_field(r[0][4]);
+  s.rows = idemgate::detail::pq::int_field(tx.exec("SELECT count(*) FROM " + table)[0][0]);
   return s;
 }
 
@@ -159,7 +170,13 @@ int main(int argc, char** argv) {
     retention_options.keep = std::chrono::seconds(settings.keep_s);
     retention_options.interval = std::chrono::seconds(1);
     retention_options.batch = 1000;
-    idemgate::Retention retention(gate.store(), retention_options);
+    if (settings.abandoned) retention_options.abandoned_after = retention_options.keep;
+    idemgate::server::EndpointOptions endpoint_options;
+    endpoint_options.key_lifetime = std::chrono::seconds(settings.keep_s);
+    endpoint_options.log = {};
+    idemgate::server::Endpoint endpoint{"bench.failing", store, endpoint_options};
+    idemgate::Retention retention(settings.failing ? endpoint.store() : gate.store(),
+                                  retention_options);
 
     using clock = std::chrono::steady_clock;
     const auto window = std::chrono::seconds(settings.keep_s);
@@ -172,9 +189,23 @@ int main(int argc, char** argv) {
       workers.emplace_back([&] {
         idemgate::bench::KeySource keys;
         try {
+          idemgate::server::Request request{
+              "POST", "/orders", {}, "application/json", R"({"item":"reefer"})", "client"};
           while (clock::now() < end && !failed) {
-            idemgate::bench::expect_processed(
-                gate.process(keys.next("bench.steady"), idemgate::bench::request()));
+            if (settings.failing) {
+              request.idempotency_key = keys.next("bench.failing").hex();
+              const auto answer = endpoint.handle(
+                  request,
+                  [](pqxx::work&, const idemgate::server::Request&) -> idemgate::server::Response {
+                    throw std::runtime_error("the ledger is down");
+                  });
+              if (answer.status != 500)
+                throw std::runtime_error("a failing request answered " +
+                                         std::to_string(answer.status) + ": " + answer.body);
+            } else {
+              idemgate::bench::expect_processed(
+                  gate.process(keys.next("bench.steady"), idemgate::bench::request()));
+            }
             events.fetch_add(1, std::memory_order_relaxed);
           }
         } catch (const std::exception& e) {
@@ -208,7 +239,7 @@ int main(int argc, char** argv) {
     std::vector<Sample> samples;
     std::printf(
         "at_s\tevents_per_s\tserver_cpu_us_per_event\theap_bytes\tindex_bytes\tlive_rows\t"
-        "dead_rows\tvacuums\n");
+        "dead_rows\tvacuums\trows\n");
     std::int64_t previous_events = 0;
     double previous_cpu =
         settings.postmaster > 0 ? idemgate::bench::server_cpu_us(settings.postmaster) : 0;
@@ -230,10 +261,11 @@ int main(int argc, char** argv) {
       previous_events = n;
       previous = now;
       samples.push_back(s);
-      std::printf("%.0f\t%.0f\t%.0f\t%lld\t%lld\t%lld\t%lld\t%lld\n", s.at_s, s.events_per_s,
+      std::printf("%.0f\t%.0f\t%.0f\t%lld\t%lld\t%lld\t%lld\t%lld\t%lld\n", s.at_s, s.events_per_s,
                   s.server_cpu_us_per_event, static_cast<long long>(s.heap),
                   static_cast<long long>(s.indexes), static_cast<long long>(s.live),
-                  static_cast<long long>(s.dead), static_cast<long long>(s.vacuums));
+                  static_cast<long long>(s.dead), static_cast<long long>(s.vacuums),
+                  static_cast<long long>(s.rows));
       std::fflush(stdout);
       if (failed) break;
     }
@@ -247,7 +279,7 @@ int main(int argc, char** argv) {
     int rate_n = 0;
     Sample first{};
     bool have_first = false;
-    std::int64_t heap_max = 0, index_max = 0;
+    std::int64_t heap_max = 0, index_max = 0, rows_max = 0;
     for (const Sample& s : samples) {
       if (s.at_s < settings.keep_s * 2 - 0.5) {
         first = s;
@@ -259,6 +291,7 @@ int main(int argc, char** argv) {
       ++rate_n;
       heap_max = std::max(heap_max, s.heap);
       index_max = std::max(index_max, s.indexes);
+      rows_max = std::max(rows_max, s.rows);
     }
     const Sample& last = samples.back();
     if (!have_first) first = samples.front();
@@ -267,12 +300,14 @@ int main(int argc, char** argv) {
         "\"heap_bytes_after_first_windows\": %lld, "
         "\"index_bytes_after_first_windows\": %lld, \"heap_bytes_end\": %lld, "
         "\"index_bytes_end\": %lld, \"heap_bytes_max\": %lld, \"index_bytes_max\": %lld, "
+        "\"rows_after_first_windows\": %lld, \"rows_end\": %lld, \"rows_max\": %lld, "
         "\"purged\": %zu, \"retention_error\": \"%s\"}\n",
         rate_n ? rate_sum / rate_n : 0, rate_n ? cpu_sum / rate_n : 0,
         static_cast<long long>(first.heap), static_cast<long long>(first.indexes),
         static_cast<long long>(last.heap), static_cast<long long>(last.indexes),
-        static_cast<long long>(heap_max), static_cast<long long>(index_max), retention.purged(),
-        retention.last_error().c_str());
+        static_cast<long long>(heap_max), static_cast<long long>(index_max),
+        static_cast<long long>(first.rows), static_cast<long long>(last.rows),
+        static_cast<long long>(rows_max), retention.purged(), retention.last_error().c_str());
   } catch (const std::exception& e) {
     std::cerr << "steady_state: " << e.what() << "\n";
     return 1;

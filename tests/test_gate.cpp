@@ -95,7 +95,7 @@ TEST(Gate, TransientFailureReleasesTheKeyAndTheNextDeliverySucceeds) {
     return std::nullopt;
   };
   MemoryBookings bookings;
-  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.retry_backoff = 0ms}};
   auto first = gate.process(key, msku);
   EXPECT_EQ(first.status(), Status::retry);
   EXPECT_FALSE(first.should_ack());
@@ -104,7 +104,7 @@ TEST(Gate, TransientFailureReleasesTheKeyAndTheNextDeliverySucceeds) {
   ASSERT_TRUE(released.has_value());
   EXPECT_EQ(released->status, RecordStatus::in_flight);
   EXPECT_LT(released->lease_until, std::chrono::system_clock::now())
-      << "a transient failure must give the key back at once";
+      << "without a back-off, a transient failure gives the key back at once";
   auto second = gate.process(key, msku);
   EXPECT_EQ(second.status(), Status::processed);
   EXPECT_TRUE(second.took_over());
@@ -123,11 +123,18 @@ TEST(Gate, DownstreamExceptionIsTransient) {
     throw std::runtime_error("connection reset");
   };
   MemoryBookings bookings;
-  Gate gate{"ect.claim_slot", store, terminal, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.retry_backoff = 500ms}};
+  const auto before = std::chrono::system_clock::now();
   auto result = gate.process(key, msku);
   EXPECT_EQ(result.status(), Status::retry);
   EXPECT_NE(result.reason().find("connection reset"), std::string::npos);
-  EXPECT_LT(gate.store().find(key)->lease_until, std::chrono::system_clock::now());
+  const auto held = gate.store().find(key)->lease_until;
+  EXPECT_GE(held, before + 500ms) << "held for the first back-off";
+  EXPECT_LT(held, std::chrono::system_clock::now() + 500ms + 10ms);
+  const auto held_answer = gate.process(key, msku);
+  EXPECT_EQ(held_answer.status(), Status::retry) << "held: no second call, and no ack";
+  EXPECT_NE(held_answer.reason().find("back-off"), std::string::npos) << held_answer.reason();
+  EXPECT_EQ(terminal.calls(), 1);
 }
 
 TEST(Gate, PermanentFailureIsStoredAndEveryDuplicateGetsIt) {

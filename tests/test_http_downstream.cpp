@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -832,7 +833,7 @@ TEST(GatedHttpDownstream, LostAckThenRedeliveryBooksTheOriginalSlotOnce) {
   MemoryStore store;
   HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
   MemoryBookings bookings;
-  Gate gate{"ect.claim_slot", store, downstream, bookings.writer()};
+  Gate gate{"ect.claim_slot", store, downstream, bookings.writer(), {.retry_backoff = 0ms}};
 
   const auto lost = gate.process(key, msku);
   EXPECT_EQ(lost.status(), Status::retry) << lost.reason();
@@ -857,5 +858,93 @@ TEST(GatedHttpDownstream, TerminalThatIgnoresKeysIsEscalatedAndNeverCalled) {
   EXPECT_EQ(result.status(), Status::escalated);
   EXPECT_TRUE(result.should_ack());
   EXPECT_EQ(terminal.claims_received(), 0);
+  EXPECT_EQ(bookings.size(), 0u);
+}
+
+// A webhook sender that resends at once on every 503, to a receiver whose gate calls a terminal
+// that answers 503 to every claim. Without a back-off every resend takes the event over, and
+// the reservation after the third attempt calls nothing: it escalates, and the receiver acks.
+// With one, a resend during a hold is told to retry and calls nothing, so the attempts are
+// spaced 100, 200 and 400 ms apart. Either way the terminal is called `max_attempts` times, and
+// the event waits in the manual queue with an honest count.
+TEST(HttpDownstream, ARetryStormMeetsAtMostMaxAttemptsDownstreamCalls) {
+  Terminal terminal;
+  terminal.fail_next_claims(1000);
+  MemoryStore store;
+  MemoryBookings bookings;
+  HttpDownstream<SlotApi> downstream{terminal.base_url(), fast()};
+  const SlotRequest request{"MSKU7000037", "2025-06-09T07:00"};
+  using StormGate = decltype(Gate{"ect.claim_slot", store, downstream, bookings.writer()});
+  StormGate eager{"ect.claim_slot",
+                  store,
+                  downstream,
+                  bookings.writer(),
+                  {.max_attempts = 3, .retry_backoff = 0ms}};
+  StormGate spaced{"ect.claim_slot",
+                   store,
+                   downstream,
+                   bookings.writer(),
+                   {.max_attempts = 3, .retry_backoff = 100ms, .max_retry_backoff = 1s}};
+  StormGate* receiving = &eager;
+  httplib::Server receiver;
+  receiver.Post("/webhooks", [&](const httplib::Request& req, httplib::Response& res) {
+    const auto result = receiving->process(
+        idemgate::derive_key("portbase", req.get_header_value("webhook-id")), request);
+    res.status = result.should_ack() ? 200 : 503;
+    res.set_content(std::string(idemgate::to_string(result.status())), "text/plain");
+  });
+  const int port = receiver.bind_to_any_port("127.0.0.1");
+  std::thread listening([&] { receiver.listen_after_bind(); });
+  while (!receiver.is_running()) std::this_thread::sleep_for(1ms);
+  httplib::Client sender("127.0.0.1", port);
+  // Resends every 10 ms until a 2xx; the answers it got, in order.
+  const auto storm = [&](const std::string& id) {
+    std::vector<std::string> answers;
+    const auto started = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - started < 10s) {
+      const auto answer = sender.Post("/webhooks", {{"webhook-id", id}}, "{}", "application/json");
+      answers.push_back(answer ? std::to_string(answer->status) + " " + answer->body : "no answer");
+      if (answer && answer->status == 200) break;
+      std::this_thread::sleep_for(10ms);
+    }
+    return answers;
+  };
+  const auto escalated_with_an_honest_count = [&](const std::string& id) {
+    const auto row = eager.store().find(idemgate::derive_key("portbase", id));
+    ASSERT_TRUE(row.has_value());
+    EXPECT_EQ(row->status, idemgate::RecordStatus::escalated);
+    EXPECT_EQ(row->reason.rfind("gave up after 3 attempts (GateOptions::max_attempts = 3); the "
+                                "last one said: POST ",
+                                0),
+              0u)
+        << row->reason;
+    EXPECT_NE(row->reason.find("answered 503"), std::string::npos) << row->reason;
+  };
+
+  const std::vector<std::string> at_the_door = storm("msg_storm_1");
+  EXPECT_EQ(at_the_door,
+            (std::vector<std::string>{"503 retry", "503 retry", "503 retry", "200 escalated"}));
+  EXPECT_EQ(terminal.claims_received(), 3);
+  escalated_with_an_honest_count("msg_storm_1");
+
+  receiving = &spaced;
+  const auto started = std::chrono::steady_clock::now();
+  const std::vector<std::string> held = storm("msg_storm_2");
+  const auto took = std::chrono::steady_clock::now() - started;
+  ASSERT_FALSE(held.empty());
+  EXPECT_EQ(held.back(), "200 escalated");
+  EXPECT_EQ(std::count(held.begin(), held.end(), "503 retry") + 1,
+            static_cast<std::ptrdiff_t>(held.size()))
+      << "every resend before the escalation was told to retry, none acked";
+  EXPECT_GT(held.size(), 10u) << "the sender resent at once";
+  EXPECT_EQ(terminal.claims_received(), 6) << "three more: the holds turned the rest away";
+  EXPECT_GE(took, 700ms) << "attempts 2, 3 and the escalation waited 100, 200 and 400 ms";
+  escalated_with_an_honest_count("msg_storm_2");
+  EXPECT_EQ(storm("msg_storm_2"), (std::vector<std::string>{"200 escalated"}));
+  EXPECT_EQ(terminal.claims_received(), 6);
+
+  receiver.stop();
+  listening.join();
+  EXPECT_EQ(spaced.escalated(10).size(), 2u);
   EXPECT_EQ(bookings.size(), 0u);
 }

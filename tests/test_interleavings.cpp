@@ -205,7 +205,10 @@ class Schedule {
               // No heartbeat: it would renew leases on a thread of its own, outside the
               // schedule, and a seed would no longer replay its interleaving. The lease keeper
               // of batches and passes still renews on the actors' threads, held at each step.
-              {.lease = env.lease(), .heartbeat = false, .coalesce = coalesce}),
+              {.lease = env.lease(),
+               .heartbeat = false,
+               .coalesce = coalesce,
+               .max_attempts = options().max_attempts}),
         coalescing_(coalesce.enabled) {
     events_ = 2 + static_cast<int>(rng_() % 5);
     poison_ = chance(33) ? static_cast<int>(rng_() % static_cast<unsigned>(events_)) : -1;

@@ -263,7 +263,9 @@ TEST(LeaseHeartbeat, ATransientFailureEndsTheLeaseForGoodWhileTheHeartbeatRuns) 
     std::this_thread::sleep_for(150ms);
     return std::optional<idemgate::ClaimResult<std::string>>(idemgate::TransientFailure{"503"});
   };
-  Gate gate{"ect.claim_slot", store, terminal, bookings.writer(), {.lease = 30ms}};
+  // No back-off: the release ends the lease at the epoch, where the heartbeat must leave it.
+  Gate gate{
+      "ect.claim_slot", store, terminal, bookings.writer(), {.lease = 30ms, .retry_backoff = 0ms}};
   EXPECT_EQ(gate.process(key, msku).status(), Status::retry);
   // The heartbeat has had many chances to renew since: the lease stays ended.
   std::this_thread::sleep_for(100ms);

@@ -149,6 +149,98 @@ TEST(GateOptionsRange, CacheCapacityAboveTenMillionIsRefused) {
   EXPECT_EQ(w.store.find(key)->duplicates, 1) << "0 is honoured: the duplicate reached the store";
 }
 
+TEST(GateOptionsRange, MaxAttemptsOutsideOneToAMillionIsRefusedAndIsKeptAtTheDoor) {
+  World w;
+  auto make = [&](std::size_t attempts) { (void)w.gate({.max_attempts = attempts}); };
+  for (const auto& [value, label] : size_extremes())
+    expect_refused([&] { make(value); }, "GateOptions::max_attempts", "between 1 and 1000000",
+                   label);
+  expect_refused([&] { make(1'000'001); }, "GateOptions::max_attempts", "between 1 and 1000000",
+                 "1000001");
+  EXPECT_NO_THROW(make(1'000'000));
+  // A sender that resends at once, to a downstream that always fails for now: three attempts
+  // call it, the fourth reservation calls nothing and escalates with the last error.
+  w.terminal.before = [](const SlotRequest&, const Key&) {
+    return std::optional<idemgate::ClaimResult<std::string>>(
+        idemgate::TransientFailure{"the terminal answered 503"});
+  };
+  auto gate = w.gate({.max_attempts = 3, .retry_backoff = 0ms});
+  for (int delivery = 1; delivery <= 3; ++delivery)
+    EXPECT_EQ(gate.process(key, msku).status(), Status::retry) << delivery;
+  const auto fourth = gate.process(key, msku);
+  EXPECT_EQ(fourth.status(), Status::escalated);
+  EXPECT_EQ(fourth.reason(),
+            "gave up after 3 attempts (GateOptions::max_attempts = 3); the last one said: the "
+            "terminal answered 503");
+  for (int delivery = 5; delivery <= 12; ++delivery)
+    EXPECT_EQ(gate.process(key, msku).status(), Status::escalated) << delivery;
+  EXPECT_EQ(w.terminal.calls(), 3) << "max_attempts bounds every attempt, not the reconciler's";
+  EXPECT_EQ(w.store.find(key)->status, RecordStatus::escalated);
+  EXPECT_EQ(w.store.escalated(10).size(), 1u) << "the operator sees it in the manual queue";
+  // One attempt: the first delivery was it.
+  auto once = w.gate({.max_attempts = 1, .retry_backoff = 0ms});
+  EXPECT_EQ(once.process(other_key, msku).status(), Status::retry);
+  EXPECT_EQ(once.process(other_key, msku).status(), Status::escalated);
+  EXPECT_EQ(w.terminal.calls(), 4);
+  // A batch's takeovers are bounded the same way.
+  const Key batched = idemgate::derive_key("ect.claim_slot", "CIS-3", "MSKU7000037");
+  const std::vector<idemgate::BatchMessage<SlotRequest>> batch{{"m-1", batched, msku, {}}};
+  auto twice = w.gate({.max_attempts = 2, .retry_backoff = 0ms});
+  for (int delivery = 1; delivery <= 2; ++delivery)
+    EXPECT_EQ(twice.process_batch(batch).items().at(0).result.status(), Status::retry);
+  EXPECT_EQ(twice.process_batch(batch).items().at(0).result.status(), Status::escalated);
+  EXPECT_EQ(w.terminal.calls(), 6);
+}
+
+TEST(GateOptionsRange, RetryBackoffOutsideZeroToItsMostIsRefusedAndHoldsTheKeyDoubling) {
+  World w;
+  auto make = [&](milliseconds first, milliseconds most) {
+    (void)w.gate({.retry_backoff = first, .max_retry_backoff = most});
+  };
+  expect_refused([&] { make(0ms, std::chrono::days(1) + 1ms); }, "GateOptions::max_retry_backoff",
+                 "between 0 ms and 1 d", "a day and 1 ms");
+  expect_refused([&] { make(0ms, -1ms); }, "GateOptions::max_retry_backoff", "between 0 ms and 1 d",
+                 "-1 ms");
+  expect_refused([&] { make(2s, 1s); }, "GateOptions::retry_backoff", "between 0 ms and 1000 ms",
+                 "above its most");
+  expect_refused([&] { make(-1ms, 1s); }, "GateOptions::retry_backoff", "between 0 ms", "-1 ms");
+  EXPECT_NO_THROW(make(0ms, 0ms));
+  EXPECT_NO_THROW(make(std::chrono::days(1), std::chrono::days(1)));
+  w.terminal.before = [](const SlotRequest&, const Key&) {
+    return std::optional<idemgate::ClaimResult<std::string>>(
+        idemgate::TransientFailure{"the terminal answered 503"});
+  };
+  auto gate =
+      w.gate({.lease = 30s, .heartbeat = false, .retry_backoff = 1s, .max_retry_backoff = 3s});
+  const auto attempt = [&] { return gate.process(key, msku).status(); };
+  EXPECT_EQ(attempt(), Status::retry);  // attempt 1; held 1 s
+  const auto during = gate.process(key, msku);
+  EXPECT_EQ(during.status(), Status::retry) << "held: no downstream call, and no ack";
+  EXPECT_NE(during.reason().find("back-off"), std::string::npos) << during.reason();
+  w.clock.advance(999ms);
+  EXPECT_EQ(attempt(), Status::retry);
+  EXPECT_EQ(w.terminal.calls(), 1);
+  w.clock.advance(2ms);
+  EXPECT_EQ(attempt(), Status::retry);  // attempt 2; held 2 s
+  w.clock.advance(1999ms);
+  EXPECT_EQ(attempt(), Status::retry);
+  w.clock.advance(2ms);
+  EXPECT_EQ(attempt(), Status::retry);  // attempt 3; held 4 s, at most 3 s
+  w.clock.advance(2999ms);
+  EXPECT_EQ(attempt(), Status::retry);
+  w.clock.advance(2ms);
+  EXPECT_EQ(attempt(), Status::retry);  // attempt 4
+  EXPECT_EQ(w.terminal.calls(), 4);
+  const auto history = w.store.find(key)->history;
+  for (const auto& entry : history)
+    EXPECT_NE(entry.outcome, "taken_over") << "a hold that ended is no lease that ran out";
+  // 0 turns it off: the next delivery takes the event over at once.
+  auto eager = w.gate({.retry_backoff = 0ms});
+  EXPECT_EQ(eager.process(other_key, msku).status(), Status::retry);
+  EXPECT_EQ(eager.process(other_key, msku).status(), Status::retry);
+  EXPECT_EQ(w.terminal.calls(), 6);
+}
+
 // --- RetentionOptions ---------------------------------------------------------------------------
 
 TEST(RetentionOptionsRange, KeepBelowOneSecondIsRefused) {
@@ -232,6 +324,20 @@ TEST(RetentionOptionsRange, BatchOutsideOneToAMillionIsRefusedAndOneIsHonoured) 
   EXPECT_TRUE(w.store.records().empty());
 }
 
+TEST(RetentionOptionsRange, AbandonedAfterBelowOneSecondIsRefused) {
+  MemoryStore store = MemoryStore{}.for_gate("orders.api");
+  for (const auto& [value, label] : extremes<seconds>()) {
+    if (value == seconds::max()) continue;  // forever: honoured, below
+    expect_refused(
+        [&] {
+          Retention retention{store, {.abandoned_after = value}};
+        },
+        "RetentionOptions::abandoned_after", "between 1 s and forever", label);
+  }
+  EXPECT_NO_THROW((Retention{store, {.abandoned_after = 1s}}));
+  EXPECT_NO_THROW((Retention{store, {.abandoned_after = seconds::max()}}));
+}
+
 // --- ReconcilerOptions --------------------------------------------------------------------------
 
 TEST(ReconcilerOptionsRange, IntervalOutsideOneMillisecondToADayIsRefused) {
@@ -284,16 +390,30 @@ TEST(ReconcilerOptionsRange, StaleAfterZeroTakesARowOverAsSoonAsItsLeaseExpired)
   EXPECT_EQ(w.store.find(key)->status, RecordStatus::committed);
 }
 
-TEST(ReconcilerOptionsRange, MaxAttemptsOutsideOneToAMillionIsRefusedAndOneIsHonoured) {
+TEST(ReconcilerOptionsRange, MaxAttemptsAboveAMillionIsRefusedZeroTakesTheGatesAndOneIsHonoured) {
   World w;
   auto gate = w.gate({.lease = 30s});
-  for (const auto& [value, label] : size_extremes())
-    expect_refused(
-        [&] {
-          Reconciler reconciler{gate, {.max_attempts = value}};
-        },
-        "ReconcilerOptions::max_attempts", "between 1 and 1000000", label);
+  expect_refused(
+      [&] {
+        Reconciler reconciler{gate, {.max_attempts = std::numeric_limits<std::size_t>::max()}};
+      },
+      "ReconcilerOptions::max_attempts", "between 0 and 1000000", "max()");
   EXPECT_NO_THROW((Reconciler{gate, {.max_attempts = 1'000'000}}));
+  EXPECT_NO_THROW((Reconciler{gate, {.max_attempts = 0}}));
+  {
+    // 0, the default, takes the gate's bound: one attempt, which the first delivery was.
+    World strict;
+    auto bounded = strict.gate({.lease = 30s, .max_attempts = 1});
+    strict.strand(bounded, key);
+    strict.clock.advance(31s);
+    Reconciler follows{bounded, {.interval = 1min, .stale_after = 0ms, .batch = 10}};
+    EXPECT_EQ(follows.run_once().given_up, 1u);
+    const auto row = strict.store.find(key);
+    EXPECT_EQ(row->status, RecordStatus::escalated);
+    EXPECT_NE(row->reason.find("gave up after 1 attempt (GateOptions::max_attempts = 1)"),
+              std::string::npos)
+        << row->reason;
+  }
   // One attempt: the first delivery was it, so the first pass escalates the stranded row.
   w.strand(gate, key);
   w.clock.advance(31s);

@@ -129,6 +129,47 @@ TEST_F(SqliteServer, KeysExpireAndRetentionPurgesThem) {
   keys_expire_and_retention_purges_them(claims);
 }
 
+TEST_F(SqliteServer, KeysThatNeverCompletedFreeAfterTheirLifetime) {
+  keys_that_never_completed_free_after_their_lifetime(claims);
+}
+
+TEST_F(SqliteServer, ABodyOverTheLimitIs413AndRunsAndKeepsNothing) {
+  server::EndpointOptions options;
+  options.max_body_bytes = 64;
+  InProcessClaims<SqliteClaims> api(claims, options);
+  const std::string fits = R"({"item":")" + std::string(64 - 11, 'x') + R"("})";
+  ASSERT_EQ(fits.size(), 64u);
+  const auto too_large = post_claim(api.port(), "\"k-large\"", fits + " ");
+  ASSERT_TRUE(too_large);
+  EXPECT_EQ(too_large->status, 413);
+  EXPECT_EQ(too_large->get_header_value("Content-Type"), "application/problem+json");
+  EXPECT_NE(too_large->body.find("request-too-large"), std::string::npos) << too_large->body;
+  EXPECT_NE(too_large->body.find("at most 64 bytes"), std::string::npos) << too_large->body;
+  EXPECT_EQ(api.handler_runs(), 0);
+  EXPECT_FALSE(
+      api.endpoint().store().find(api.endpoint().log_key("acme", "POST", "/claims", "k-large")))
+      << "nothing of a refused request is kept";
+  const auto at_the_limit = post_claim(api.port(), "\"k-large\"", fits);
+  ASSERT_TRUE(at_the_limit);
+  EXPECT_EQ(at_the_limit->status, 201) << at_the_limit->body;
+
+  // The default: 1 MiB.
+  InProcessClaims<SqliteClaims> defaults(claims, {});
+  const auto over_a_mebibyte = post_claim(defaults.port(), "\"k-huge\"",
+                                          R"({"item":")" + std::string(1 << 20, 'y') + R"("})");
+  ASSERT_TRUE(over_a_mebibyte);
+  EXPECT_EQ(over_a_mebibyte->status, 413);
+  for (const std::size_t refused : {std::size_t{0}, (std::size_t{64} << 20) + 1})
+    EXPECT_THROW((server::Endpoint{"claims.api", claims.open(),
+                                   [&] {
+                                     server::EndpointOptions o;
+                                     o.max_body_bytes = refused;
+                                     return o;
+                                   }()}),
+                 std::invalid_argument)
+        << refused;
+}
+
 TEST_F(SqliteServer, AMissingKeyIs400AndRunsNothing) {
   InProcessClaims<SqliteClaims> api(claims, {});
   const auto r = post_claim(api.port(), "", R"({"n":1})");

@@ -315,6 +315,32 @@ TEST(Retention, PurgesFinishedRowsPastTheWindowAndNothingElse) {
   EXPECT_EQ(retention.run_once(), 0u);
 }
 
+TEST(Retention, AbandonedAfterAlsoEndsAttemptsNobodyFinishesAndNeverALiveOne) {
+  Clock clock;
+  MemoryStore store(clock.fn());
+  MemoryStore handle = store.for_gate("orders.api");
+  const std::string bytes = "request";
+  const auto fingerprint = idemgate::detail::sha256(bytes);
+  const Key released = idemgate::derive_key("old", "released"),
+            dead = idemgate::derive_key("old", "dead"),
+            running = idemgate::derive_key("old", "running");
+  ASSERT_EQ(handle.reserve(released, fingerprint, bytes, 30s).kind,
+            idemgate::Reservation::Kind::acquired);
+  ASSERT_TRUE(handle.release(released, 1));
+  ASSERT_EQ(handle.reserve(dead, fingerprint, bytes, 30s).kind,
+            idemgate::Reservation::Kind::acquired);
+  ASSERT_EQ(handle.reserve(running, fingerprint, bytes, 30 * 24h).kind,
+            idemgate::Reservation::Kind::acquired);
+  clock.advance(25h);
+  idemgate::Retention plain{handle, {.keep = 24h}};
+  EXPECT_EQ(plain.run_once(), 0u) << "off by default: a consumer's reconciler finishes them";
+  idemgate::Retention endpoint{handle, {.keep = 24h, .abandoned_after = 24h}};
+  EXPECT_EQ(endpoint.run_once(), 2u);
+  EXPECT_FALSE(handle.find(released).has_value());
+  EXPECT_FALSE(handle.find(dead).has_value());
+  EXPECT_TRUE(handle.find(running).has_value()) << "a live lease is never cut";
+}
+
 TEST(Prometheus, SeveralGatesShareOnePageEachSampleLabelledWithItsGate) {
   Clock clock;
   MemoryStore store(clock.fn());

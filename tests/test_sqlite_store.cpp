@@ -717,7 +717,8 @@ TEST(SqliteStore, ReleaseEndsTheLeaseAtTheSmallestTimeAndTheNextDeliveryTakesOve
     if (failures-- > 0) return idemgate::TransientFailure{"503 from the terminal"};
     return std::nullopt;
   };
-  Gate gate{"ect.claim_slot", f.store, terminal, book};
+  Gate gate{
+      "ect.claim_slot", f.store, terminal, book, {.retry_backoff = std::chrono::milliseconds(0)}};
   const SlotRequest msku{"MSKU7000037", "2025-06-09T07:00"};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-503", msku.container);
   EXPECT_EQ(gate.process(key, msku).status(), idemgate::Status::retry);

@@ -73,6 +73,16 @@ concept explaining_store = store<S> &&
   { s.release(key, fence, reason) } -> std::same_as<bool>;
 };
 
+/// Concept: a store that can hold a released key for a back-off (`release` with a reason and a
+/// hold): the next attempt may take the key over only once the hold ends, and a redelivery
+/// meanwhile finds it held (`Reservation::held`; `GateOptions::retry_backoff`).
+template <class S>
+concept backing_off_store = explaining_store<S> &&
+    requires(S& s, const Key& key, std::int64_t fence, std::string_view reason,
+             std::chrono::milliseconds hold) {
+  { s.release(key, fence, reason, hold) } -> std::same_as<bool>;
+};
+
 /// Concept: a store that extends leases a caller still holds, in one call (long batches and
 /// reconciler passes keep their leases with it). Returns how many leases were extended.
 template <class S>
@@ -184,6 +194,21 @@ concept monitored_store = requires(S& s, std::chrono::seconds window, const Key&
   s.record_mismatch(key, bytes, bytes, bytes);
   { s.mismatches(limit) } -> std::same_as<std::vector<Mismatch>>;
   { s.purge(window, limit) } -> std::same_as<std::size_t>;
+};
+
+/**
+ * Concept: a store whose rows end even when their event never finished: `expire(key, lifetime)`
+ * deletes one key's row when its life is over (committed or failed more than `lifetime` ago, or
+ * in flight with its lease ended and untouched as long; never an escalated row or a live lease)
+ * and says whether it did; `purge_abandoned(older_than, batch)` deletes the in-flight rows whose
+ * lease ended and that nothing touched for `older_than`, `batch` per statement, and returns how
+ * many. The server side's endpoint needs it; `Retention` uses it with `abandoned_after`.
+ */
+template <class S>
+concept expiring_store = monitored_store<S> &&
+    requires(S& s, std::chrono::seconds lifetime, const Key& key, std::size_t limit) {
+  { s.expire(key, lifetime) } -> std::same_as<bool>;
+  { s.purge_abandoned(lifetime, limit) } -> std::same_as<std::size_t>;
 };
 
 /**

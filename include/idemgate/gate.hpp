@@ -4,6 +4,7 @@
 
 #include "batch.hpp"
 #include "concepts.hpp"
+#include "detail/attempts.hpp"
 #include "detail/coalescer.hpp"
 #include "detail/crypto/sha256.hpp"
 #include "detail/durations.hpp"
@@ -100,6 +101,27 @@ struct GateOptions {
   /// keeps labels (`labelling_store`); others keep none. `process_batch` keeps each message's
   /// `BatchMessage::label`.
   bool keep_labels = false;
+  /// Attempts an event may take: its first reservation, the takeovers of redeliveries and the
+  /// reconciler's passes together. The reservation that would start one more attempt calls no
+  /// downstream: it escalates the event to the manual queue with the last attempt's error. From
+  /// 1 to `max_max_attempts`; the reconciler counts against it too (unless
+  /// `ReconcilerOptions::max_attempts` sets its own).
+  std::size_t max_attempts = 10;
+  /// How long a key is held after a transient failure before the next attempt may take it over,
+  /// doubling with every attempt up to `max_retry_backoff`: a redelivery meanwhile is answered
+  /// `retry` (do not ack) without a downstream call, so a sender that resends at once cannot
+  /// hammer the downstream. Off (0) by default: the next delivery takes the event over at once.
+  /// Turn it on where deliveries come back at once (a webhook sender retrying every 503, a
+  /// hand-written retry loop); behind a broker, keep the broker's redelivery delay above
+  /// `max_retry_backoff`, or each held redelivery spends one of the broker's deliveries
+  /// (`PoisonPolicy::max_deliveries`) without an attempt. Needs a store that holds keys
+  /// (`backing_off_store`); others end the lease at once.
+  std::chrono::milliseconds retry_backoff = std::chrono::milliseconds(0);
+  /// The longest hold between two attempts: from `retry_backoff` to a day.
+  std::chrono::milliseconds max_retry_backoff = std::chrono::seconds(60);
+
+  /// Largest `max_attempts`.
+  static constexpr std::size_t max_max_attempts = 1'000'000;
 };
 
 /// What `Gate::stop` did.
@@ -195,6 +217,17 @@ class Gate {
                              std::size_t{10'000'000},
                              "It is the committed keys remembered in this process; 0 turns the "
                              "cache off.");
+    detail::require_in_range("GateOptions::max_attempts", options.max_attempts, std::size_t{1},
+                             GateOptions::max_max_attempts,
+                             "It is how many attempts an event gets before it is escalated "
+                             "(default 10).");
+    detail::require_in_range("GateOptions::max_retry_backoff", options.max_retry_backoff,
+                             std::chrono::milliseconds(0), std::chrono::days(1),
+                             "It is the longest hold between two attempts (default 60 s).");
+    detail::require_in_range("GateOptions::retry_backoff", options.retry_backoff,
+                             std::chrono::milliseconds(0), options.max_retry_backoff,
+                             "It is the hold after a first transient failure, at most "
+                             "max_retry_backoff; 0 (the default) turns it off.");
     if constexpr (requires { std::string_view(observer.gate()); }) {
       const std::string_view counted = observer.gate();
       if (!counted.empty() && counted != name_.view())
@@ -372,6 +405,14 @@ class Gate {
           continue;
         }
         keeper.keep_alive();
+        if (r.kind == Reservation::Kind::taken_over &&
+            r.fence > static_cast<std::int64_t>(options_.max_attempts)) {
+          if (auto given_up = give_up_at_the_door(key, r.fence)) {
+            slot.result = std::move(*given_up);
+            keeper.drop(key);
+            continue;
+          }
+        }
         if constexpr (!Downstream::honours_idempotency_key) {
           slot.result = start(key, messages[i].request, slot.fingerprint, r);
           keeper.drop(key);
@@ -426,8 +467,17 @@ class Gate {
       if (store_.fail(key, fence, reason) == CommitStatus::lost_lease) return lost_lease_result();
       return result_type::because(Status::failed, std::move(reason));
     }
-    release_lease(key, fence, answer.reason());
+    heartbeat_.give_up(key, fence);
+    detail::release_with_reason(store_, key, fence, answer.reason(), backoff(fence));
     return result_type::because(Status::retry, std::string(answer.reason()));
+  }
+
+  /// How long the key is held after attempt `attempt` failed for now: `retry_backoff` doubled
+  /// per attempt before it, at most `max_retry_backoff`.
+  [[nodiscard]] std::chrono::milliseconds backoff(std::int64_t attempt) const {
+    std::chrono::milliseconds hold = options_.retry_backoff;
+    for (std::int64_t i = 1; i < attempt && hold < options_.max_retry_backoff; ++i) hold *= 2;
+    return std::min(hold, options_.max_retry_backoff);
   }
 
   /// Commits `outcome` and the business write under `fence` in one transaction. When the business
@@ -618,6 +668,12 @@ class Gate {
   result_type start(const Key& key, const request_type& request, const Fingerprint& fingerprint,
                     const Reservation& reservation) {
     const bool took_over = reservation.kind == Reservation::Kind::taken_over;
+    // A takeover past the last attempt allowed calls nothing: the event goes to a human. The
+    // fence counts attempts (it starts at 1 and every takeover moves it on); the row's own
+    // count decides and is what the reason says.
+    if (took_over && reservation.fence > static_cast<std::int64_t>(options_.max_attempts)) {
+      if (auto given_up = give_up_at_the_door(key, reservation.fence)) return *given_up;
+    }
     if constexpr (!Downstream::honours_idempotency_key) {
       const CommitStatus parked = store_.escalate(key, reservation.fence, no_key_support_reason());
       if (parked == CommitStatus::lost_lease) return lost_lease_result();
@@ -635,6 +691,19 @@ class Gate {
       if (result.status() == Status::processed) remember(key, fingerprint, result.outcome());
       return result.set_took_over(took_over);
     }
+  }
+
+  // Escalates an event whose attempts are used up, with the last one's error; none when the
+  // row's own count allows one more attempt (a row whose fence ran ahead of its attempts).
+  std::optional<result_type> give_up_at_the_door(const Key& key, std::int64_t fence) {
+    const std::optional<Record> row = store_.find(key);
+    if (!row || row->attempts <= static_cast<std::int64_t>(options_.max_attempts))
+      return std::nullopt;
+    std::string reason = detail::gave_up_reason(row->attempts - 1, options_.max_attempts,
+                                                "GateOptions::max_attempts", row->reason);
+    if (store_.escalate(key, fence, reason) == CommitStatus::lost_lease)
+      return lost_lease_result().set_took_over(true);
+    return result_type::because(Status::escalated, std::move(reason)).set_took_over(true);
   }
 
   // One call in progress, counted so `stop` can wait for it; refused once the gate stops.
@@ -1067,6 +1136,12 @@ class Gate {
       case RecordStatus::escalated:
         return result_type::because(Status::escalated, found.reason);
       case RecordStatus::in_flight:
+        if (found.held)
+          return result_type::because(
+              Status::retry,
+              "the key is held for the back-off after a transient failure (GateOptions::"
+              "retry_backoff); nothing was called. Do not ack: a redelivery after the hold "
+              "takes the event over");
         break;
     }
     return result_type::because(Status::in_flight,

@@ -25,11 +25,14 @@
 namespace idemgate::detail {
 
 /// Ends a lease the caller holds, keeping `reason` as why where the store can
-/// (`explaining_store`). False when the fence no longer holds.
+/// (`explaining_store`), and holding the key for `hold` before the next attempt where the store
+/// can (`backing_off_store`). False when the fence no longer holds.
 template <class Store>
-bool release_with_reason(Store& store, const Key& key, std::int64_t fence,
-                         std::string_view reason) {
-  if constexpr (explaining_store<Store>)
+bool release_with_reason(Store& store, const Key& key, std::int64_t fence, std::string_view reason,
+                         std::chrono::milliseconds hold = std::chrono::milliseconds(0)) {
+  if constexpr (backing_off_store<Store>)
+    return store.release(key, fence, reason, hold);
+  else if constexpr (explaining_store<Store>)
     return store.release(key, fence, reason);
   else
     return store.release(key, fence);

@@ -41,9 +41,10 @@ struct ReconcilerOptions {
   /// Attempts an event may take (its first reservation, redeliveries after an expired lease and
   /// reconciler passes together) before the reconciler stops retrying it and escalates it with
   /// the last error: a poison row whose business write always throws, or whose downstream keeps
-  /// failing, ends in the manual queue instead of being retaken forever. From 1 to
-  /// `max_max_attempts`.
-  std::size_t max_attempts = 10;
+  /// failing, ends in the manual queue instead of being retaken forever. 0 (the default): the
+  /// gate's `GateOptions::max_attempts`, which bounds redeliveries too; otherwise from 1 to
+  /// `max_max_attempts`, for this reconciler's passes only.
+  std::size_t max_attempts = 0;
 
   /// Longest `interval`.
   static constexpr std::chrono::days max_interval{1};
@@ -115,9 +116,9 @@ class Reconciler {
                              ReconcilerOptions::max_batch,
                              "It is the most rows taken over per pass (default 100).");
     detail::require_in_range("ReconcilerOptions::max_attempts", options_.max_attempts,
-                             std::size_t{1}, ReconcilerOptions::max_max_attempts,
-                             "It is how many attempts an event gets before it is escalated "
-                             "(default 10).");
+                             std::size_t{0}, ReconcilerOptions::max_max_attempts,
+                             "It is how many attempts an event gets before it is escalated; 0 "
+                             "(the default) takes GateOptions::max_attempts.");
   }
 
   Reconciler(const Reconciler&) = delete;
@@ -253,12 +254,12 @@ class Reconciler {
   }
 
   void finish(const Stranded& row, ReconcileReport& report) {
-    if (row.attempts > static_cast<std::int64_t>(options_.max_attempts)) {
-      const std::int64_t made = row.attempts - 1;
-      std::string reason = "gave up after " + std::to_string(made) +
-                           (made == 1 ? " attempt" : " attempts") +
-                           " (ReconcilerOptions::max_attempts); the last one said: " +
-                           (row.last_error.empty() ? std::string("nothing") : row.last_error);
+    const bool own = options_.max_attempts > 0;
+    const std::size_t allowed = own ? options_.max_attempts : gate_.options().max_attempts;
+    if (row.attempts > static_cast<std::int64_t>(allowed)) {
+      const std::string reason = detail::gave_up_reason(
+          row.attempts - 1, allowed,
+          own ? "ReconcilerOptions::max_attempts" : "GateOptions::max_attempts", row.last_error);
       if (park(row, reason, report)) ++report.given_up;
       return;
     }

@@ -75,6 +75,10 @@ struct Reservation {
   std::string result;
   /// The stored reason (existing, failed or escalated).
   std::string reason;
+  /// In flight under a live lease that is a back-off hold (existing): its last attempt failed for
+  /// now and gave the event back with a hold (`GateOptions::retry_backoff`), so nobody works on
+  /// it until the hold ends. The gate answers `retry` (do not ack) instead of `in_flight`.
+  bool held = false;
 
   /// The key was new; this caller holds it under `fence`.
   [[nodiscard]] static Reservation acquired(std::int64_t fence) {

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -31,6 +32,12 @@ struct RetentionOptions {
   /// Rows deleted per statement, so each delete is short beside live traffic: from 1 to
   /// `max_batch`.
   std::size_t batch = 1000;
+  /// Also delete abandoned attempts: rows in flight whose lease ended and that nothing touched
+  /// for this long (the store's `purge_abandoned`). Off by default, as a consumer's reconciler
+  /// finishes those rows; set it on the handle of a gate no reconciler serves, an endpoint's
+  /// (to its `key_lifetime`), so that keys whose requests never completed end too. From 1 s up;
+  /// on a consumer's gate, keep it far above the reconciler's `stale_after` + `interval`.
+  std::optional<std::chrono::seconds> abandoned_after = std::nullopt;
 
   /// Longest `interval`.
   static constexpr std::chrono::days max_interval{7};
@@ -59,7 +66,14 @@ class Retention {
   ~Retention() { stop(); }
 
   /// One purge; returns the rows deleted.
-  std::size_t run_once() { return store_.purge(options_.keep, options_.batch); }
+  std::size_t run_once() {
+    std::size_t deleted = store_.purge(options_.keep, options_.batch);
+    if constexpr (expiring_store<Store>) {
+      if (options_.abandoned_after)
+        deleted += store_.purge_abandoned(*options_.abandoned_after, options_.batch);
+    }
+    return deleted;
+  }
 
   /// Starts the background loop: a purge now, then one every `interval`, until `stop()`.
   void start() {
@@ -120,6 +134,17 @@ class Retention {
     detail::require_in_range("RetentionOptions::batch", o.batch, std::size_t{1},
                              RetentionOptions::max_batch,
                              "It is the rows deleted per statement (default 1000).");
+    if (o.abandoned_after) {
+      detail::require_in_range("RetentionOptions::abandoned_after", *o.abandoned_after,
+                               std::chrono::seconds(1), std::chrono::seconds::max(),
+                               "Leave it unset on a consumer's gate; on an endpoint's, set it to "
+                               "the endpoint's key_lifetime.");
+      if constexpr (!expiring_store<Store>)
+        throw std::invalid_argument(
+            "idemgate: RetentionOptions::abandoned_after is set, but the store has no "
+            "purge_abandoned(older_than, batch): leave the option unset, or give the store that "
+            "method.");
+    }
     return o;
   }
 

@@ -291,7 +291,11 @@ TEST_F(PostgresGate, TransientFailureReleasesAndNextDeliverySucceedsWithOneSlot)
     if (failures-- > 0) return idemgate::TransientFailure{"503"};
     return std::nullopt;
   };
-  Gate gate{"ect.claim_slot", *store, terminal, booking_writer()};
+  Gate gate{"ect.claim_slot",
+            *store,
+            terminal,
+            booking_writer(),
+            {.retry_backoff = std::chrono::milliseconds(0)}};
   const Key key = idemgate::derive_key("ect.claim_slot", "CIS-503", msku.container);
   EXPECT_EQ(gate.process(key, msku).status(), Status::retry);
   EXPECT_EQ(store->find(key)->status, RecordStatus::in_flight);

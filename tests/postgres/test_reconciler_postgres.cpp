@@ -187,7 +187,13 @@ TEST_F(PostgresFaults, LostAcknowledgementAndServiceUnavailableBurstsNeverDouble
     if (n % 7 == 0) return idemgate::TransientFailure{"read timeout"};
     return std::nullopt;
   };
-  Gate gate{"ect.claim_slot", store, fake, booking_writer()};
+  // The queue below redelivers at once, as fast as the loop turns: no back-off, so that its
+  // redeliveries meet the faults instead of holds.
+  Gate gate{"ect.claim_slot",
+            store,
+            fake,
+            booking_writer(),
+            {.retry_backoff = std::chrono::milliseconds(0)}};
   std::deque<int> queue;
   for (int i = 0; i < 60; ++i) queue.push_back(i);
   int redeliveries = 0;

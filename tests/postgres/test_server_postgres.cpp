@@ -51,6 +51,10 @@ TEST_F(PostgresServer, KeysExpireAndRetentionPurgesThem) {
   keys_expire_and_retention_purges_them(claims);
 }
 
+TEST_F(PostgresServer, KeysThatNeverCompletedFreeAfterTheirLifetime) {
+  keys_that_never_completed_free_after_their_lifetime(claims);
+}
+
 // The handler runs in the transaction that stores its response, so a handler that outlived its
 // lease and was taken over by a retry commits none of its writes: the claim is there once, and
 // the slow request answers 409 (its retry gets the response that was stored).

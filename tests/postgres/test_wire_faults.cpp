@@ -141,8 +141,10 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
 
   BookingWriter writer() { return booking_writer(&business_writes_); }
 
-  KeyedGate gate_on(PostgresStore& store, std::chrono::milliseconds lease = 1s) {
-    return KeyedGate(gate_name, store, terminal_, writer(), {.lease = lease});
+  KeyedGate gate_on(PostgresStore& store, std::chrono::milliseconds lease = 1s,
+                    std::chrono::milliseconds backoff = 0ms) {
+    return KeyedGate(gate_name, store, terminal_, writer(),
+                     {.lease = lease, .retry_backoff = backoff});
   }
 
   BulkGate bulk_gate_on(PostgresStore& store) {
@@ -381,13 +383,16 @@ class WireFaultTest : public idemgate::test::PgBookingsTest {
       if (first_claim_.exchange(false)) return idemgate::TransientFailure{"503"};
       return std::nullopt;
     };
+    // The release holds the key for a 200 ms back-off, far under the 5 s lease: a release that
+    // did not land would leave the lease, and the redelivery after the hold would wait for it.
     auto store = proxied_store();
-    auto gate = gate_on(*store, 5s);
+    auto gate = gate_on(*store, 5s, 200ms);
     expect_final(1, Final::committed);
     inject("idemgate_release");
     const auto result =
         attempt("Gate::process", [&] { return gate.process(key_of(1), request_of(1)); });
     expect_wire_was_broken();
+    std::this_thread::sleep_for(250ms);
     if (result) {
       EXPECT_EQ(result->status(), Status::retry) << result->reason();
       EXPECT_TRUE(lease_over(1)) << "the lease was not ended: the redelivery would wait for it";

@@ -6,6 +6,7 @@
 #include "context.hpp"
 
 #include <idemgate/consumer/disposition.hpp>
+#include <idemgate/server/endpoint.hpp>
 #include <idemgate/store/sqlite.hpp>
 
 #if __has_include(<httplib.h>)  // the console examples (idemgate::console)

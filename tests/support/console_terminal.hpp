@@ -86,6 +86,8 @@ inline constexpr std::string_view gate_name = "console.claim_slot";
 inline idemgate::GateOptions gate_options() {
   idemgate::GateOptions options;
   options.keep_labels = true;
+  // No back-off: the set-up's reconciler passes take the timed-out events over at once.
+  options.retry_backoff = std::chrono::milliseconds(0);
   return options;
 }
 

@@ -85,8 +85,11 @@ void expect_given_back(Store& store, const Key& key, const std::string& containe
 template <class Store, class Book>
 void expect_batch_members_given_back_stay_given_back(Store& store, Book book) {
   TroubledConsumer<Book> consumer(std::move(book));
-  Gate gate{
-      "ect.claim_slot", store, consumer.terminal, consumer.write(), {.lease = given_back_lease}};
+  Gate gate{"ect.claim_slot",
+            store,
+            consumer.terminal,
+            consumer.write(),
+            {.lease = given_back_lease, .retry_backoff = std::chrono::milliseconds(0)}};
   std::vector<BatchMessage<SlotRequest>> batch;
   for (const std::string container :
        {"503-MSKU7000101", "MSKU7000102", "REFUSED-MSKU7000103", "MSKU7000104"})
@@ -114,7 +117,11 @@ template <class Store, class Book>
 void expect_pass_rows_given_back_stay_given_back(Store& store, Book book) {
   TroubledConsumer<Book> consumer(std::move(book));
   WithoutLookup<FakeTerminal<>> downstream{consumer.terminal};
-  Gate gate{"ect.claim_slot", store, downstream, consumer.write(), {.lease = given_back_lease}};
+  Gate gate{"ect.claim_slot",
+            store,
+            downstream,
+            consumer.write(),
+            {.lease = given_back_lease, .retry_backoff = std::chrono::milliseconds(0)}};
   std::vector<std::pair<Key, SlotRequest>> rows;
   for (const std::string container :
        {"503-MSKU7000201", "REFUSED-MSKU7000202", "503-MSKU7000203", "REFUSED-MSKU7000204"}) {

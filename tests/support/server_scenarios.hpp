@@ -232,8 +232,8 @@ void killed_before_commit_leaves_nothing(const Claims& claims, const std::string
   EXPECT_EQ(claims.count(), 1);
 }
 
-/// A key answers for `key_lifetime`; after it the same key runs the handler anew, and retention
-/// (`purge`) deletes the expired row.
+/// A key answers for `key_lifetime`; after it the same key runs the handler anew. The request
+/// deletes its own key's row only; `purge_expired`, off the request path, deletes the others.
 template <class Claims>
 void keys_expire_and_retention_purges_them(const Claims& claims) {
   server::EndpointOptions options;
@@ -253,8 +253,46 @@ void keys_expire_and_retention_purges_them(const Claims& claims) {
   EXPECT_EQ(again->status, 201);
   EXPECT_EQ(again->get_header_value("Idempotent-Replayed"), "");
   EXPECT_EQ(again->body, R"({"claim":3})");
-  EXPECT_FALSE(api.endpoint().store().find(lookup_key)) << "the expired row was not purged";
+  EXPECT_TRUE(api.endpoint().store().find(lookup_key))
+      << "a request purged another key's row on its own path";
+  EXPECT_EQ(api.endpoint().purge_expired(), 1u) << "k-other's row; k-expiring's is new";
+  EXPECT_FALSE(api.endpoint().store().find(lookup_key));
   EXPECT_EQ(api.endpoint().store().purge(std::chrono::seconds(0), 100), 1u);
+}
+
+/// A key whose requests never completed (the handler threw) is bound to its request for
+/// `key_lifetime` after its last attempt, then free for any request; its row is deleted then by
+/// the request that meets it, or by `purge_expired` off the request path. (A live lease is never
+/// cut: the stores' conformance suite, `ExpireDeletesAKeysRowOnlyWhenItsLifeIsOver`.)
+template <class Claims>
+void keys_that_never_completed_free_after_their_lifetime(const Claims& claims) {
+  server::EndpointOptions options;
+  options.key_lifetime = std::chrono::seconds(1);
+  std::atomic<bool> failing{true};
+  InProcessClaims<Claims> api(claims, options, [&failing] {
+    if (failing.load()) throw std::runtime_error("the ledger is down");
+  });
+  for (const char* key : {"\"k-failed\"", "\"k-abandoned\""}) {
+    const auto failed = post_claim(api.port(), key, R"({"n":1})");
+    ASSERT_TRUE(failed);
+    ASSERT_EQ(failed->status, 500) << failed->body;
+  }
+  failing = false;
+  const auto bound = post_claim(api.port(), "\"k-failed\"", R"({"n":2})");
+  ASSERT_TRUE(bound);
+  EXPECT_EQ(bound->status, 422) << "within its lifetime, the key stays bound to its request";
+  const auto abandoned = api.endpoint().log_key("acme", "POST", "/claims", "k-abandoned");
+  EXPECT_EQ(api.endpoint().purge_expired(), 0u) << "nothing is past its lifetime yet";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+
+  const auto freed = post_claim(api.port(), "\"k-failed\"", R"({"n":2})");
+  ASSERT_TRUE(freed);
+  EXPECT_EQ(freed->status, 201) << "past its lifetime the key is free: " << freed->body;
+  EXPECT_EQ(freed->get_header_value("Idempotent-Replayed"), "");
+  ASSERT_TRUE(api.endpoint().store().find(abandoned)) << "a request deletes only its own key";
+  EXPECT_EQ(api.endpoint().purge_expired(), 1u) << "k-abandoned; k-failed's row is new";
+  EXPECT_FALSE(api.endpoint().store().find(abandoned));
+  EXPECT_EQ(claims.count(), 1) << "k-failed once, after it was freed";
 }
 
 // A handler that throws with bytes PostgreSQL cannot keep in text (the body as it came, not

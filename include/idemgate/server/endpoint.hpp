@@ -41,9 +41,10 @@ struct ProduceProbe {
 };
 
 /// Concept: a store whose commit can store a result computed inside its transaction
-/// (`commit_computed`): the handler's writes and its response commit together.
+/// (`commit_computed`): the handler's writes and its response commit together; and whose keys
+/// end (`expire` one key, `purge_abandoned` the attempts that never completed).
 template <class S>
-concept answering_store = store<S> && monitored_store<S> &&
+concept answering_store = store<S> && expiring_store<S> &&
     requires(S& s, const Key& key, std::int64_t fence, ProduceProbe<typename S::transaction> p) {
   { s.commit_computed(key, fence, p) } -> std::same_as<CommitStatus>;
 };
@@ -82,8 +83,11 @@ struct EndpointOptions {
   bool key_required = true;
   /// How the header is read: bare values accepted or not, the longest key.
   KeyHeaderRules key_rules;
-  /// How long a stored response answers its key. After that the key is free again: the next
-  /// request under it runs the handler anew. Retention (`store.purge`) may delete the row then.
+  /// How long a key lives: a stored response answers it this long after it was stored, and a key
+  /// whose requests never completed (the handler failed, the server died mid-request) stays
+  /// bound to its request this long after its last attempt. After that the key is free again:
+  /// the next request under it, of any body, runs the handler anew. `purge_expired` (or
+  /// `Retention`) deletes such rows.
   std::chrono::seconds key_lifetime = std::chrono::hours(24);
   /// How long a request holds its key while its handler runs. A handler still running after it
   /// may be taken over by a repeat of the request; its writes then roll back and it answers 409.
@@ -95,6 +99,12 @@ struct EndpointOptions {
   std::vector<std::string> stored_headers = {
       "Content-Type", "Content-Location", "Location", "ETag", "Last-Modified",
       "Link",         "Content-Language"};
+  /// The largest request body the endpoint takes, in bytes: a larger one is answered `413`
+  /// (problem+json) and runs nothing. The log keeps a request's canonical form with its key for
+  /// the key's lifetime, so this bounds what one key may keep. From 1 to `max_max_body_bytes`.
+  /// Set the HTTP server's own limit too (cpp-httplib: `set_payload_max_length`), so a larger body
+  /// is not read whole first.
+  std::size_t max_body_bytes = std::size_t{1} << 20;
   /// Store a 5xx answer of the handler, with its writes, like any other. Off by default: a 5xx
   /// rolls the handler's writes back and stores nothing, so a retry runs the handler again.
   bool store_server_errors = false;
@@ -109,6 +119,9 @@ struct EndpointOptions {
   std::function<void(std::string_view)> log = [](std::string_view line) {
     std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
   };
+
+  /// Largest `max_body_bytes`.
+  static constexpr std::size_t max_max_body_bytes = std::size_t{64} << 20;
 };
 
 /**
@@ -152,6 +165,11 @@ class Endpoint {
       throw std::invalid_argument("idemgate: EndpointOptions::key_lifetime must be at least 1 s");
     if (options_.lease.count() < 1)
       throw std::invalid_argument("idemgate: EndpointOptions::lease must be positive");
+    if (options_.max_body_bytes < 1 ||
+        options_.max_body_bytes > EndpointOptions::max_max_body_bytes)
+      throw std::invalid_argument(
+          "idemgate: EndpointOptions::max_body_bytes must be 1 to 67108864 (64 MiB); keep larger "
+          "payloads elsewhere and send a reference");
     if (!options_.canonical) options_.canonical = by_media_type;
   }
 
@@ -159,6 +177,15 @@ class Endpoint {
   /// held until its lease ran out, and its retries were answered `409` meanwhile.
   [[nodiscard]] std::uint64_t keys_not_given_back() const noexcept {
     return not_given_back_->load();
+  }
+
+  /// Deletes up to `batch` rows per statement of this endpoint's keys past their lifetime:
+  /// stored responses older than `key_lifetime`, and attempts that never completed whose lease
+  /// ended that long ago; returns how many. Off the request path: call it from a timer, or run
+  /// `Retention` over `store()` with `keep` and `abandoned_after` set to `key_lifetime`.
+  std::size_t purge_expired(std::size_t batch = 1000) {
+    return store_.purge(options_.key_lifetime, batch) +
+           store_.purge_abandoned(options_.key_lifetime, batch);
   }
 
   /// The store handle, scoped to this endpoint's gate (for `purge`, `find`, signals).
@@ -193,6 +220,12 @@ class Endpoint {
                        header.error);
       key_text = header.key;
     }
+    if (request.body.size() > options_.max_body_bytes)
+      return problem(413, "request-too-large", "The request body is too large",
+                     "This endpoint takes bodies of at most " +
+                         std::to_string(options_.max_body_bytes) + " bytes; this one has " +
+                         std::to_string(request.body.size()) +
+                         ". Send a smaller body, or a reference to the data.");
     const CanonicalJson canonical = options_.canonical(request);
     if (!canonical.ok)
       return problem(400, "body-unreadable", "The request body cannot be read",
@@ -205,10 +238,11 @@ class Endpoint {
       for (int round = 0;; ++round) {
         const Reservation r = store_.reserve(key, fingerprint, canonical.text, options_.lease);
         if (r.kind != Reservation::Kind::existing) return run(key, r.fence, request, handler);
-        if (r.status == RecordStatus::committed && round == 0 && expired(key)) {
-          store_.purge(options_.key_lifetime, 1000);
+        // A key past its lifetime is free: its row (a stored response, or attempts that never
+        // completed) is deleted, this one only, and the key reserved anew.
+        if (round == 0 && may_have_expired(r) && expired(key) &&
+            store_.expire(key, options_.key_lifetime))
           continue;
-        }
         if (!r.same_request)
           return problem(422, "idempotency-key-reused", "Idempotency-Key reused",
                          "This Idempotency-Key was already used with a different request. Send "
@@ -333,9 +367,22 @@ class Endpoint {
     return std::chrono::system_clock::now() - finished >= options_.key_lifetime;
   }
 
+  // Whether the key's row may be past its life: a stored response, or an attempt of another
+  // request that is not running (the same request's would have been taken over).
+  static bool may_have_expired(const Reservation& r) {
+    return r.status == RecordStatus::committed || r.status == RecordStatus::failed ||
+           (r.status == RecordStatus::in_flight && !r.same_request);
+  }
+
+  // Whether the key's row is past its life: finished, or its last attempt's lease ended, more
+  // than the key's lifetime ago. Read before the delete, so a replay within the lifetime costs
+  // a read, not a write.
   bool expired(const Key& key) {
     const auto row = store_.find(key);
-    return row && row->status == RecordStatus::committed && past_lifetime(row->updated_at);
+    if (!row || !past_lifetime(row->updated_at)) return false;
+    if (row->status == RecordStatus::in_flight)
+      return row->lease_until < std::chrono::system_clock::now();
+    return row->status == RecordStatus::committed || row->status == RecordStatus::failed;
   }
 
   Response in_progress() const {

@@ -107,8 +107,10 @@ class MemoryStore {
       row.updated_at = now;
       return Reservation::taken_over(row.fence);
     }
-    return Reservation::existing(row.fence, row.status, same, row.result.value_or(std::string()),
-                                 row.reason);
+    Reservation found = Reservation::existing(row.fence, row.status, same,
+                                              row.result.value_or(std::string()), row.reason);
+    found.held = detail::held(row.status, row.lease_until >= now, released_by_this_attempt(row));
+    return found;
   }
 
   /// Runs `business` and marks the key committed with `result`, only if `fence` still holds.
@@ -180,12 +182,20 @@ class MemoryStore {
 
   /// Like `release`, and keeps `reason` (when not empty) as why this attempt gave the event back.
   bool release(const Key& key, std::int64_t fence, std::string_view given) {
-    const std::string reason = detail::stored_text(given);
+    return release(key, fence, given, std::chrono::milliseconds(0));
+  }
+
+  /// Like `release(key, fence, reason)`, and holds the key for `hold` before the next attempt
+  /// may take it over (`GateOptions::retry_backoff`). A hold of 0 ends the lease now.
+  bool release(const Key& key, std::int64_t fence, std::string_view given,
+               std::chrono::milliseconds hold) {
+    const std::string reason = detail::held_reason(given, hold);
     std::lock_guard lock(mutex_);
     Record* row = holder(key, fence);
     if (row == nullptr) return false;
-    row->lease_until = std::chrono::system_clock::time_point{};  // the epoch: long gone
     row->updated_at = clock_();
+    row->lease_until = hold.count() > 0 ? detail::saturating_add(row->updated_at, hold)
+                                        : std::chrono::system_clock::time_point{};  // the epoch
     if (!reason.empty()) {
       row->reason.assign(reason);
       add_history(*row, detail::history::released, reason, row->updated_at);
@@ -364,6 +374,50 @@ class MemoryStore {
     }
   }
 
+  /// Deletes abandoned attempts: rows in flight whose lease ended and that nothing touched (no
+  /// retry, no takeover, no reconciler pass) for `older_than`, `batch` rows per statement; never a
+  /// live lease, a finished or an escalated row. For gates no reconciler finishes (an endpoint's),
+  /// or whose reconciler's passes would have touched the row long since: `Retention` calls it
+  /// with `RetentionOptions::abandoned_after`. Returns how many it deleted.
+  std::size_t purge_abandoned(std::chrono::seconds older_than, std::size_t batch) {
+    std::size_t deleted = 0;
+    for (;;) {
+      std::lock_guard lock(mutex_);
+      const auto now = clock_();
+      const auto cutoff = detail::saturating_sub(now, older_than);
+      std::size_t this_batch = 0;
+      for (auto it = rows_.begin(); it != rows_.end() && this_batch < batch;) {
+        if (abandoned(it->second, now, cutoff)) {
+          it = rows_.erase(it);
+          ++this_batch;
+        } else {
+          ++it;
+        }
+      }
+      deleted += this_batch;
+      if (this_batch < batch || batch == 0) return deleted;
+    }
+  }
+
+  /// Deletes the row of `key` when its life is over: committed or failed more than `lifetime`
+  /// ago, or in flight with its lease ended and untouched as long (an attempt that never
+  /// committed). Never an escalated row or a live lease. True when it deleted the row; the key is
+  /// then new to the gate.
+  bool expire(const Key& key, std::chrono::seconds lifetime) {
+    std::lock_guard lock(mutex_);
+    const auto it = rows_.find(key);
+    if (it == rows_.end()) return false;
+    const Record& row = it->second;
+    const auto now = clock_();
+    const auto cutoff = detail::saturating_sub(now, lifetime);
+    const bool finished =
+        (row.status == RecordStatus::committed || row.status == RecordStatus::failed) &&
+        row.updated_at < cutoff;
+    if (!finished && !abandoned(row, now, cutoff)) return false;
+    rows_.erase(it);
+    return true;
+  }
+
   /// Gives this handle's gate the rows that belong to no gate (written before logs knew their
   /// gates), up to `limit` of them, except keys this gate already holds; returns how many it
   /// moved. Throws `std::logic_error` on a handle scoped to no gate.
@@ -499,6 +553,13 @@ class MemoryStore {
         rows_(gate_rows(*shared_, gate_)),
         mismatches_(gate_mismatches(*shared_, gate_)) {}
 
+  // An attempt nobody finishes: in flight, its lease ended, untouched since `cutoff`.
+  static bool abandoned(const Record& row, std::chrono::system_clock::time_point now,
+                        std::chrono::system_clock::time_point cutoff) {
+    return row.status == RecordStatus::in_flight && row.lease_until < now &&
+           row.updated_at < cutoff;
+  }
+
   // std::map keeps references to its values valid while other entries come and go.
   static std::unordered_map<Key, Record, KeyHash>& gate_rows(Shared& shared,
                                                              const std::string& gate) {
@@ -591,8 +652,16 @@ class MemoryStore {
 
   // A takeover after the holder's lease ran out; a lease given back (released, re-driven) has
   // its entry already.
+  // Whether the newest history entry is the current attempt's release: a lease still live is
+  // then a back-off hold nobody works under.
+  static bool released_by_this_attempt(const Record& row) {
+    return !row.history.empty() && row.history.back().outcome == detail::history::released &&
+           row.history.back().attempt == row.attempts;
+  }
+
   static void taken_over(Record& row, std::chrono::system_clock::time_point now) {
-    if (row.lease_until != std::chrono::system_clock::time_point{})
+    if (row.lease_until != std::chrono::system_clock::time_point{} &&
+        !released_by_this_attempt(row))
       add_history(row, detail::history::taken_over, detail::history::lease_expired, now);
   }
 

@@ -173,6 +173,15 @@ class PostgresStore {
     return events().release(key, fence, reason);
   }
 
+  /// Like `release(key, fence, reason)`, and holds the key for `hold` before the next attempt
+  /// may take it over: a redelivery meanwhile finds it held (`Reservation::held`; the gate
+  /// answers `retry`, see `GateOptions::retry_backoff`).
+  /// A hold of 0 ends the lease now.
+  bool release(const Key& key, std::int64_t fence, std::string_view reason,
+               std::chrono::milliseconds hold) {
+    return events().release(key, fence, reason, hold);
+  }
+
   /// The stored row, if any.
   std::optional<Record> find(const Key& key) { return events().find(key); }
 
@@ -329,6 +338,24 @@ class PostgresStore {
   /// and leaves the work to autovacuum.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
     return monitoring().purge(older_than, batch);
+  }
+
+  /// Deletes abandoned attempts: rows in flight whose lease ended and that nothing touched (no
+  /// retry, no takeover, no reconciler pass) for `older_than`, `batch` rows per statement; never a
+  /// live lease, a finished or an escalated row. For gates no reconciler finishes (an endpoint's),
+  /// or whose reconciler's passes would have touched the row long since: `Retention` calls it
+  /// with `RetentionOptions::abandoned_after`. Returns how many it deleted.
+  /// Ends with a `VACUUM` as `purge` does.
+  std::size_t purge_abandoned(std::chrono::seconds older_than, std::size_t batch) {
+    return monitoring().purge_abandoned(older_than, batch);
+  }
+
+  /// Deletes the row of `key` when its life is over: committed or failed more than `lifetime`
+  /// ago, or in flight with its lease ended and untouched as long (an attempt that never
+  /// committed). Never an escalated row or a live lease. True when it deleted the row; the key is
+  /// then new to the gate.
+  bool expire(const Key& key, std::chrono::seconds lifetime) {
+    return monitoring().expire(key, lifetime);
   }
 
   // --- Connections ------------------------------------------------------------------------------

@@ -31,6 +31,12 @@ enum class Met {
   return Met::existing;
 }
 
+/// Whether a row a reservation met waits out a back-off: in flight under a live lease that its
+/// current attempt's release set (`given_back`: the newest history entry is that release).
+[[nodiscard]] constexpr bool held(RecordStatus status, bool lease_live, bool given_back) noexcept {
+  return status == RecordStatus::in_flight && lease_live && given_back;
+}
+
 /// What became of a row after a fenced update touched nothing, read back as its status and
 /// fence.
 enum class Settled {

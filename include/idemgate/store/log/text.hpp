@@ -6,6 +6,7 @@
 #include "../../record.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -98,6 +99,14 @@ namespace detail {
   if (query.reason) query.reason = stored_text(*query.reason);
   query.label_contains = stored_text(query.label_contains);
   return query;
+}
+
+/// The reason a release keeps: `reason` as stored text. A release that holds the key for a
+/// back-off always keeps one: its history entry is how the takeover after the hold tells it
+/// from a lease that ran out.
+inline std::string held_reason(std::string_view reason, std::chrono::milliseconds hold) {
+  if (reason.empty() && hold.count() > 0) return "a transient failure";
+  return stored_text(reason);
 }
 
 }  // namespace detail

@@ -66,6 +66,7 @@ class Batches {
       Reservation existing = Reservation::existing(
           fence, parse_record_status(pq::text_field(row[3])), pq::bool_field(row[4]),
           pq::bytea_field(row[6]), pq::text_field(row[7]));
+      existing.held = held(existing.status, pq::bool_field(row[5]), pq::bool_field(row[9]));
       switch (met(existing.status, existing.same_request, pq::bool_field(row[5]),
                   pq::bool_field(row[8]))) {
         case Met::own:  // this batch's own row; its reply was lost

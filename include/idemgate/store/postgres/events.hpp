@@ -59,6 +59,7 @@ class EventPath {
       Reservation found = Reservation::existing(fence, parse_record_status(pq::text_field(row[2])),
                                                 pq::bool_field(row[3]), pq::bytea_field(row[5]),
                                                 pq::text_field(row[6]));
+      found.held = held(found.status, pq::bool_field(row[4]), pq::bool_field(row[8]));
       switch (
           met(found.status, found.same_request, pq::bool_field(row[4]), pq::bool_field(row[7]))) {
         case Met::own:
@@ -135,14 +136,16 @@ class EventPath {
   }
 
   /// See `PostgresStore::release`.
-  bool release(const Key& key, std::int64_t fence, std::string_view reason) {
+  bool release(const Key& key, std::int64_t fence, std::string_view reason,
+               std::chrono::milliseconds hold = std::chrono::milliseconds(0)) {
     const std::string key_param = pq::bytea_param(key.view());
-    const std::string reason_text = detail::stored_text(reason);
+    const std::string reason_text = detail::held_reason(reason, hold);
+    const std::int64_t hold_ms = sql_duration<std::chrono::milliseconds>(hold);
     try {
       return s_.run([&](Lease& c) {
         pqxx::nontransaction tx(c.connection());
         return pq::affected_rows(s_.exec(c, tx, sql::postgres::release, gate_, key_param, fence,
-                                         reason_text)) > 0;
+                                         reason_text, hold_ms)) > 0;
       });
     } catch (const std::exception& e) {
       // Callers give leases back on their way out of a failure and cannot do anything more

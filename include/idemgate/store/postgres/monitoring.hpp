@@ -91,6 +91,33 @@ class Monitoring {
     return deleted;
   }
 
+  /// See `PostgresStore::purge_abandoned`.
+  std::size_t purge_abandoned(std::chrono::seconds older_than, std::size_t batch) {
+    std::size_t deleted = 0;
+    for (;;) {
+      const std::int64_t n = s_.run([&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
+        return pq::affected_rows(s_.exec(c, tx, sql::postgres::purge_abandoned, gate_,
+                                         sql_duration<std::chrono::seconds>(older_than),
+                                         sql_limit(batch)));
+      });
+      deleted += static_cast<std::size_t>(n);
+      if (n == 0 || static_cast<std::size_t>(n) < batch) break;
+    }
+    if (deleted > 0) vacuum_log();
+    return deleted;
+  }
+
+  /// See `PostgresStore::expire`.
+  bool expire(const Key& key, std::chrono::seconds lifetime) {
+    return s_.run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return pq::affected_rows(s_.exec(c, tx, sql::postgres::expire, gate_,
+                                       pq::bytea_param(key.view()),
+                                       sql_duration<std::chrono::seconds>(lifetime))) > 0;
+    });
+  }
+
  private:
   // VACUUM of the log after a purge. Autovacuum alone visits a table at most once per
   // autovacuum_naptime (a minute by default): a log whose rows are purged as fast as they

@@ -73,6 +73,7 @@ class EventPath {
           std::memcmp(stored_fingerprint.data(), fingerprint.data(), fingerprint.size()) == 0;
       found = Reservation::existing(met_row.int64(0), parse_record_status(met_row.bytes(1)), same,
                                     met_row.bytes(4), met_row.bytes(5));
+      found.held = held(found.status, met_row.int64(3) >= now, met_row.int64(6) != 0);
       // One transaction reserves: it never meets a row of its own.
       take_over = met(found.status, same, met_row.int64(3) >= now, false) == Met::expired;
     }
@@ -139,13 +140,15 @@ class EventPath {
   }
 
   /// See `SqliteStore::release`.
-  bool release(const Key& key, std::int64_t fence, std::string_view reason) {
-    std::string buffer;
-    const std::string_view stored = detail::stored_view(reason, buffer);
+  bool release(const Key& key, std::int64_t fence, std::string_view reason,
+               std::chrono::milliseconds hold = std::chrono::milliseconds(0)) {
+    const std::string stored = detail::held_reason(reason, hold);
     return s_.run("releasing a key", &key, [&] {
       s_.begin();
+      const std::int64_t now = s_.now_micros();
+      const std::int64_t until = hold.count() > 0 ? later(now, hold) : ended_lease;
       const bool released = s_.change(sql::sqlite::release, "releasing a key", gate_, key, fence,
-                                      ended_lease, s_.now_micros(), stored) > 0;
+                                      until, now, stored) > 0;
       s_.end("releasing a key");
       return released;
     });

@@ -93,6 +93,37 @@ class Monitoring {
     }
   }
 
+  /// See `SqliteStore::purge_abandoned`.
+  std::size_t purge_abandoned(std::chrono::seconds older_than, std::size_t batch) {
+    std::size_t deleted = 0;
+    if (batch == 0) return deleted;
+    for (;;) {
+      const std::int64_t n = s_.run("purging abandoned attempts", nullptr, [&] {
+        s_.begin();
+        const std::int64_t now = s_.now_micros();
+        const std::int64_t changed =
+            s_.change(sql::sqlite::purge_abandoned, "purging abandoned attempts", gate_,
+                      earlier(now, older_than), now, sql_limit(batch));
+        s_.end("purging abandoned attempts");
+        return changed;
+      });
+      deleted += static_cast<std::size_t>(n);
+      if (static_cast<std::size_t>(n) < batch) return deleted;
+    }
+  }
+
+  /// See `SqliteStore::expire`.
+  bool expire(const Key& key, std::chrono::seconds lifetime) {
+    return s_.run("expiring a key", nullptr, [&] {
+      s_.begin();
+      const std::int64_t now = s_.now_micros();
+      const std::int64_t changed =
+          s_.change(sql::sqlite::expire, "expiring a key", gate_, key, earlier(now, lifetime), now);
+      s_.end("expiring a key");
+      return changed > 0;
+    });
+  }
+
  private:
   Session& s_;
   const std::string& gate_;

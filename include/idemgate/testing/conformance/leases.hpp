@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Conformance tests of renewals: `extend` renews only the leases whose fence still holds.
+// Conformance tests of renewals: `extend` renews only the leases whose fence still holds; a
+// release with a hold keeps the key until the hold ends.
 #pragma once
 
 #include "../../concepts.hpp"
@@ -69,6 +70,45 @@ TYPED_TEST_P(StoreConformance, ARenewalExtendsOnlyTheLeasesWhoseFenceStillHolds)
     EXPECT_EQ(this->store().extend(std::vector<HeldLease>{{moved, taken.fence}}, 1h), 1u)
         << "the new holder renews its own";
     EXPECT_EQ(this->traits_.business_rows(), 2) << "the committed row's and the renewed holder's";
+  }
+}
+
+TYPED_TEST_P(StoreConformance, AReleaseWithAHoldKeepsTheKeyUntilTheHoldEnds) {
+  if constexpr (!idemgate::backing_off_store<typename TypeParam::Store>) {
+    GTEST_SKIP() << "not an idemgate::backing_off_store";
+  } else {
+    const Key held = detail::key_of("held for a back-off"), ran_out = detail::key_of("ran out");
+    ASSERT_EQ(this->reserve(held).kind, Reservation::Kind::acquired);
+    EXPECT_FALSE(this->store().release(held, 2, "503", 2s)) << "fenced, as every release";
+    ASSERT_TRUE(this->store().release(held, 1, "503", 2s));
+    const Reservation during = this->reserve(held);
+    EXPECT_EQ(during.kind, Reservation::Kind::existing) << "held: no attempt may take it over";
+    EXPECT_EQ(during.status, RecordStatus::in_flight);
+    EXPECT_TRUE(during.held) << "nobody works under a hold: the gate must not answer in_flight";
+    this->traits_.advance(2001ms);
+    const Reservation after = this->reserve(held);
+    ASSERT_EQ(after.kind, Reservation::Kind::taken_over);
+    EXPECT_EQ(after.fence, 2);
+    const Reservation live = this->reserve(held);
+    EXPECT_EQ(live.kind, Reservation::Kind::existing);
+    EXPECT_FALSE(live.held) << "a live worker's lease is no hold";
+    // The history: the release, and no "lease expired" for a hold that ended.
+    if constexpr (idemgate::operable_store<typename TypeParam::Store>) {
+      const auto row = this->store().find(held);
+      ASSERT_TRUE(row.has_value());
+      ASSERT_FALSE(row->history.empty());
+      EXPECT_EQ(row->history.back().outcome, "released");
+      EXPECT_EQ(row->history.back().reason, "503");
+      for (const auto& entry : row->history) EXPECT_NE(entry.outcome, "taken_over");
+      // A lease that ran out after that takeover is one, and says so.
+      this->traits_.advance(2min);
+      ASSERT_EQ(this->reserve(held).kind, Reservation::Kind::taken_over);
+      EXPECT_EQ(this->store().find(held)->history.back().outcome, "taken_over");
+    }
+    // A hold of 0 ends the lease now, as a release without one.
+    ASSERT_EQ(this->reserve(ran_out).kind, Reservation::Kind::acquired);
+    ASSERT_TRUE(this->store().release(ran_out, 1, "", 0ms));
+    EXPECT_EQ(this->reserve(ran_out).kind, Reservation::Kind::taken_over);
   }
 }
 

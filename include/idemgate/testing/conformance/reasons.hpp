@@ -149,12 +149,16 @@ TYPED_TEST_P(StoreConformance, AGateWhoseDownstreamFailsWithAnyBytesEndsTheAttem
       EXPECT_EQ(result->status(), Status::failed);
       EXPECT_EQ(row->status, RecordStatus::failed);
     } else {
+      // Given back: held for the gate's first back-off (500 ms), not for its lease (10 s).
       EXPECT_EQ(row->status, RecordStatus::in_flight);
+      EXPECT_LT(row->lease_until, std::chrono::system_clock::now() + 2s)
+          << "the lease was not given back: the key stays frozen until it runs out";
+      this->traits_.advance(1s);
       EXPECT_EQ(this->store()
                     .reserve(key, idemgate::detail::sha256(row->request), row->request, 1min)
                     .kind,
                 Reservation::Kind::taken_over)
-          << "the lease was not given back: the key stays frozen until it runs out";
+          << "the key is not free once the back-off ended";
     }
     // A store that keeps no reason of a release (not an explaining_store) keeps one of a failure.
     if (how == RefusingTerminal::How::permanent ||

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
-// Conformance tests of retention: purge finished rows past the window, never in-flight ones.
+// Conformance tests of retention: purge finished rows past the window, never in-flight ones;
+// expire one key's row and purge abandoned attempts once their life is over.
 #pragma once
 
+#include "../../concepts.hpp"
 #include "../../record.hpp"
 #include "fixture.hpp"
 
@@ -45,6 +47,78 @@ TYPED_TEST_P(StoreConformance, PurgeRemovesFinishedRowsPastTheWindowAndKeepsTheR
   EXPECT_EQ(this->store().escalated(10).size(), 1u);
   // Past the dedup window an event is new again: why the window must outlast redeliveries.
   EXPECT_EQ(this->reserve(c1).kind, Reservation::Kind::acquired);
+}
+
+TYPED_TEST_P(StoreConformance, ExpireDeletesAKeysRowOnlyWhenItsLifeIsOver) {
+  if constexpr (!idemgate::expiring_store<typename TypeParam::Store>) {
+    GTEST_SKIP() << "not an idemgate::expiring_store";
+  } else {
+    const Key committed = detail::key_of("expire: committed"),
+              failed = detail::key_of("expire: failed"),
+              released = detail::key_of("expire: released"),
+              dead = detail::key_of("expire: dead worker"),
+              parked = detail::key_of("expire: escalated"),
+              running = detail::key_of("expire: live lease");
+    ASSERT_NO_FATAL_FAILURE(this->settled(committed, RecordStatus::committed));
+    ASSERT_NO_FATAL_FAILURE(this->settled(failed, RecordStatus::failed));
+    ASSERT_NO_FATAL_FAILURE(this->settled(released, RecordStatus::in_flight));
+    ASSERT_TRUE(this->store().release(released, 1));
+    ASSERT_NO_FATAL_FAILURE(this->settled(dead, RecordStatus::in_flight));
+    ASSERT_NO_FATAL_FAILURE(this->settled(parked, RecordStatus::escalated));
+    ASSERT_EQ(this->reserve(running, "request", 10h).kind, Reservation::Kind::acquired);
+    for (const Key& key : {committed, failed, released})
+      EXPECT_FALSE(this->store().expire(key, 1h)) << "within its lifetime";
+    EXPECT_FALSE(this->store().expire(detail::key_of("expire: never seen"), 0s));
+
+    this->traits_.advance(2h);
+    for (const Key& key : {committed, failed, released, dead})
+      EXPECT_TRUE(this->store().expire(key, 1h)) << "past its lifetime";
+    for (const Key& key : {committed, failed, released, dead})
+      EXPECT_FALSE(this->store().find(key).has_value());
+    EXPECT_FALSE(this->store().expire(parked, 1h)) << "an escalated row waits for its human";
+    EXPECT_FALSE(this->store().expire(running, 1h)) << "a live lease is never cut";
+    EXPECT_EQ(this->status_of(parked), RecordStatus::escalated);
+    EXPECT_EQ(this->status_of(running), RecordStatus::in_flight);
+    // The key is new again, for any request.
+    EXPECT_EQ(this->reserve(released, "another request").kind, Reservation::Kind::acquired);
+    EXPECT_FALSE(this->store().expire(released, 1h)) << "the new row's life has just begun";
+  }
+}
+
+TYPED_TEST_P(StoreConformance, PurgeAbandonedDeletesOnlyAttemptsNobodyTouched) {
+  if constexpr (!idemgate::expiring_store<typename TypeParam::Store>) {
+    GTEST_SKIP() << "not an idemgate::expiring_store";
+  } else {
+    const Key released = detail::key_of("abandoned: released"),
+              dead = detail::key_of("abandoned: dead worker"),
+              retried = detail::key_of("abandoned: retried lately"),
+              committed = detail::key_of("abandoned: committed"),
+              parked = detail::key_of("abandoned: escalated"),
+              running = detail::key_of("abandoned: live lease");
+    ASSERT_NO_FATAL_FAILURE(this->settled(released, RecordStatus::in_flight));
+    ASSERT_TRUE(this->store().release(released, 1));
+    ASSERT_NO_FATAL_FAILURE(this->settled(dead, RecordStatus::in_flight));
+    ASSERT_NO_FATAL_FAILURE(this->settled(retried, RecordStatus::in_flight));
+    ASSERT_NO_FATAL_FAILURE(this->settled(committed, RecordStatus::committed));
+    ASSERT_NO_FATAL_FAILURE(this->settled(parked, RecordStatus::escalated));
+    ASSERT_EQ(this->reserve(running, "request", 10h).kind, Reservation::Kind::acquired);
+    this->traits_.advance(2h);
+    // A retry took `retried` over and gave it back just now: touched within the window.
+    const Reservation retry = this->reserve(retried);
+    ASSERT_EQ(retry.kind, Reservation::Kind::taken_over);
+    ASSERT_TRUE(this->store().release(retried, retry.fence));
+
+    EXPECT_EQ(this->store().purge_abandoned(1h, 0), 0u) << "a batch of 0 deletes nothing";
+    EXPECT_EQ(this->store().purge_abandoned(1h, 1), 2u) << "one by one: released and dead";
+    EXPECT_FALSE(this->store().find(released).has_value());
+    EXPECT_FALSE(this->store().find(dead).has_value());
+    EXPECT_EQ(this->status_of(retried), RecordStatus::in_flight);
+    EXPECT_EQ(this->status_of(committed), RecordStatus::committed) << "purge's, not this one's";
+    EXPECT_EQ(this->status_of(parked), RecordStatus::escalated);
+    EXPECT_EQ(this->status_of(running), RecordStatus::in_flight);
+    EXPECT_EQ(this->store().purge_abandoned(1h, 100), 0u);
+    EXPECT_EQ(this->store().purge_abandoned(0s, 100), 1u) << "retried, with a window of 0";
+  }
 }
 
 TYPED_TEST_P(StoreConformance, PurgeDeletesInBatchesAndReturnsTheTotal) {

@@ -45,13 +45,16 @@ inline constexpr const Statement* prepared[] = {
     &record_mismatch,
     &mismatches,
     &purge,
+    &purge_abandoned,
+    &expire,
     &adopt,
     &adopt_mismatches,
 };
 
 /// Every fragment the statements call (`{name(…)}`).
 inline constexpr const Fragment* fragments[] = {
-    &history_with, &taken_over_history, &redriven, &row_filter, &oldest_snapshot, &has_column,
+    &history_with, &released_by_this_attempt, &taken_over_history, &redriven,
+    &row_filter,   &oldest_snapshot,          &has_column,
 };
 
 }  // namespace idemgate::sql::postgres

@@ -48,13 +48,14 @@ seen AS (
      AND NOT EXISTS (SELECT 1 FROM claimed WHERE claimed.key = input.key)
   RETURNING log.key, log.fence, log.status, log.fingerprint = input.fingerprint AS same,
             log.lease_until >= now() AS live, log.result, log.reason,
-            log.holder = $6::bigint AS mine),
+            log.holder = $6::bigint AS mine,
+            {released_by_this_attempt(log.history, log.attempts)} AS given_back),
 met AS (
-  SELECT key, fence, status, same, live, result, reason, mine FROM seen
+  SELECT key, fence, status, same, live, result, reason, mine, given_back FROM seen
   UNION ALL
-  SELECT key, fence, status, same, live, result, reason, false FROM adopted)
+  SELECT key, fence, status, same, live, result, reason, false, false FROM adopted)
 SELECT input.n, claimed.fence IS NOT NULL, coalesce(claimed.fence, met.fence), met.status,
-       met.same, met.live, met.result, met.reason, met.mine
+       met.same, met.live, met.result, met.reason, met.mine, met.given_back
   FROM input LEFT JOIN claimed ON claimed.key = input.key
              LEFT JOIN met ON met.key = input.key
 )sql"};

@@ -44,13 +44,15 @@ seen AS (
                             ELSE lease_until END
    WHERE gate = $1::text AND key = $2::bytea AND NOT EXISTS (SELECT 1 FROM claimed)
   RETURNING fence, status, fingerprint = $3::bytea AS same, lease_until >= now() AS live,
-            result, reason, holder = $6::bigint AS mine)
-SELECT true, fence, NULL::text, NULL::boolean, NULL::boolean, NULL::bytea, NULL::text, true
+            result, reason, holder = $6::bigint AS mine,
+            {released_by_this_attempt(history, attempts)} AS given_back)
+SELECT true, fence, NULL::text, NULL::boolean, NULL::boolean, NULL::bytea, NULL::text, true,
+       false
   FROM claimed
 UNION ALL
-SELECT false, fence, status, same, live, result, reason, mine FROM seen
+SELECT false, fence, status, same, live, result, reason, mine, given_back FROM seen
 UNION ALL
-SELECT false, fence, status, same, live, result, reason, false FROM adopted
+SELECT false, fence, status, same, live, result, reason, false, false FROM adopted
 )sql"};
 
 /// Takes an expired lease over: the next fence, a new lease and holder, one more attempt.
@@ -107,11 +109,15 @@ UPDATE {log}
 
 /// Ends the lease after a transient failure (fenced). The row stays in flight: the next delivery
 /// takes it over with a higher fence (a worker still holding the old fence can never commit), and
-/// if no delivery comes back the reconciler finishes the event.
-inline constexpr Statement release{"idemgate_release",
-                                   "$1 gate, $2 key, $3 fence, $4 reason ('' for none)", R"sql(
+/// if no delivery comes back the reconciler finishes the event. With a hold, the key stays taken
+/// that long (the back-off before the next attempt); a hold goes with a reason, whose history
+/// entry tells the takeover after it from one after a lease that ran out.
+inline constexpr Statement release{
+    "idemgate_release", "$1 gate, $2 key, $3 fence, $4 reason ('' for none), $5 hold (ms)", R"sql(
 UPDATE {log}
-   SET lease_until = 'epoch', updated_at = now(),
+   SET lease_until = CASE WHEN $5::bigint > 0 THEN now() + $5::bigint * interval '1 millisecond'
+                          ELSE 'epoch' END,
+       updated_at = now(),
        reason = CASE WHEN $4::text = '' THEN reason ELSE $4::text END,
        history = CASE WHEN $4::text = '' THEN history
                       ELSE {history_with('released', $4::text)} END

@@ -74,6 +74,29 @@ WITH picked AS MATERIALIZED (
 DELETE FROM {log} USING picked WHERE {log}.gate = $1::text AND {log}.key = picked.key
 )sql"};
 
+/// Deletes one batch of abandoned attempts: rows in flight whose lease ended and that nothing
+/// touched for the window (no retry, no takeover, no reconciler pass), skipping locked rows.
+inline constexpr Statement purge_abandoned{"idemgate_purge_abandoned",
+                                           "$1 gate, $2 older than (s), $3 limit", R"sql(
+WITH picked AS MATERIALIZED (
+  SELECT key FROM {log}
+   WHERE gate = $1::text AND status = 'in_flight' AND lease_until < now()
+     AND updated_at < now() - $2::bigint * interval '1 second'
+   LIMIT $3::bigint FOR UPDATE SKIP LOCKED)
+DELETE FROM {log} USING picked WHERE {log}.gate = $1::text AND {log}.key = picked.key
+)sql"};
+
+/// Deletes one key's row when its life is over: finished (committed or failed) longer than the
+/// lifetime ago, or in flight with its lease ended and untouched as long. An escalated row or a
+/// live lease stays.
+inline constexpr Statement expire{"idemgate_expire", "$1 gate, $2 key, $3 lifetime (s)", R"sql(
+DELETE FROM {log}
+ WHERE gate = $1::text AND key = $2::bytea
+   AND status IN ('committed', 'failed', 'in_flight')
+   AND (status <> 'in_flight' OR lease_until < now())
+   AND updated_at < now() - $3::bigint * interval '1 second'
+)sql"};
+
 /// Reclaims the space of purged rows at once, instead of at autovacuum's next turn (skipped while
 /// another vacuum holds the table).
 inline constexpr Statement vacuum{"vacuum", "", "VACUUM (SKIP_LOCKED) {log}"};

@@ -49,6 +49,8 @@ inline constexpr const Statement* statements[] = {
     &record_mismatch,
     &mismatches,
     &purge,
+    &purge_abandoned,
+    &expire,
     &create_migrations,
     &migrated_version,
     &record_migration,
@@ -58,7 +60,8 @@ inline constexpr const Statement* statements[] = {
 
 /// Every fragment the statements call (`{name(…)}`).
 inline constexpr const Fragment* fragments[] = {
-    &history_with, &taken_over_history, &redriven, &row_filter, &has_column,
+    &history_with, &released_by_this_attempt, &taken_over_history, &redriven, &row_filter,
+    &has_column,
 };
 
 }  // namespace idemgate::sql::sqlite

@@ -41,7 +41,8 @@ UPDATE OR IGNORE {log} SET gate = ?1 WHERE gate = '' AND key = ?2
 /// Counts a reservation that met a stored key, and returns the stored row.
 inline constexpr Statement duplicate{"duplicate", "?1 gate, ?2 key", R"sql(
 UPDATE {log} SET duplicates = duplicates + 1 WHERE gate = ?1 AND key = ?2
-RETURNING fence, status, fingerprint, lease_until, result, reason
+RETURNING fence, status, fingerprint, lease_until, result, reason,
+          {released_by_this_attempt(history, attempts)}
 )sql"};
 
 /// Takes an expired lease over: the next fence, a new lease, one more attempt.

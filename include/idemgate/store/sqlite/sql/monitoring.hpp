@@ -41,4 +41,23 @@ DELETE FROM {log}
                                 AND status IN ('committed', 'failed') LIMIT ?3)
 )sql"};
 
+/// Deletes one batch of abandoned attempts: rows in flight whose lease ended and that nothing
+/// touched since the cutoff (no retry, no takeover, no reconciler pass).
+inline constexpr Statement purge_abandoned{"purge_abandoned",
+                                           "?1 gate, ?2 cutoff (µs), ?3 now (µs), ?4 limit", R"sql(
+DELETE FROM {log}
+ WHERE gate = ?1 AND key IN (SELECT key FROM {log}
+                              WHERE gate = ?1 AND status = 'in_flight' AND lease_until < ?3
+                                AND updated_at < ?2 LIMIT ?4)
+)sql"};
+
+/// Deletes one key's row when its life is over: finished (committed or failed) before the
+/// cutoff, or in flight with its lease ended and untouched since. An escalated row or a live
+/// lease stays.
+inline constexpr Statement expire{"expire", "?1 gate, ?2 key, ?3 cutoff (µs), ?4 now (µs)", R"sql(
+DELETE FROM {log}
+ WHERE gate = ?1 AND key = ?2 AND status IN ('committed', 'failed', 'in_flight')
+   AND (status <> 'in_flight' OR lease_until < ?4) AND updated_at < ?3
+)sql"};
+
 }  // namespace idemgate::sql::sqlite
