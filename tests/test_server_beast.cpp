@@ -191,3 +191,41 @@ TEST_F(BeastServer, SixteenConcurrentRequestsRunTheHandlerOnce) {
 }
 
 }  // namespace
+
+// A request written byte for byte, for header lines a client library would not send: the status
+// and body of the answer.
+static std::string send_raw(unsigned short port, const std::string& request) {
+  asio::io_context ioc;
+  tcp::socket socket(ioc);
+  socket.connect({asio::ip::make_address("127.0.0.1"), port});
+  asio::write(socket, asio::buffer(request));
+  beast::flat_buffer buffer;
+  server::BeastResponse res;
+  http::read(socket, buffer, res);
+  beast::error_code ignored;
+  socket.shutdown(tcp::socket::shutdown_both, ignored);
+  return std::to_string(res.result_int()) + " " + res.body();
+}
+
+// Beast hands the endpoint the header lines as they were sent: a second, empty
+// `Idempotency-Key` line is seen (and refused), and a key is never percent-decoded, so two
+// distinct sf-strings never name one key (docs/server-side.md, the conformance table).
+TEST_F(BeastServer, KeyLinesAreReadAsSentNeitherDecodedNorDropped) {
+  BeastClaims api(claims);
+  const auto post = [&](const std::string& key_lines, const std::string& body) {
+    return send_raw(api.port(),
+                    "POST /claims HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Client: acme\r\n" + key_lines +
+                        "Content-Type: application/json\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+  };
+  const std::string two_lines = post("Idempotency-Key: \"b-3\"\r\nIdempotency-Key: \r\n", "{}");
+  EXPECT_EQ(two_lines.substr(0, 4), "400 ") << two_lines;
+  EXPECT_NE(two_lines.find("idempotency-key-malformed"), std::string::npos) << two_lines;
+  EXPECT_EQ(post("Idempotency-Key: \"X-%41\"\r\n", R"({"n":1})"), "201 {\"claim\":1}");
+  EXPECT_EQ(post("Idempotency-Key: \"X-A\"\r\n", R"({"n":2})"), "201 {\"claim\":2}")
+      << "\"X-%41\" and \"X-A\" are two keys";
+  EXPECT_EQ(post("Idempotency-Key: \"q-%22\"\r\n", R"({"n":3})"), "201 {\"claim\":3}")
+      << "a valid sf-string holding %22 is taken";
+  EXPECT_EQ(api.handler_runs(), 3);
+  EXPECT_EQ(claims.count(), 3);
+}

@@ -14,6 +14,11 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <stdexcept>
 #include <string>
 
@@ -168,6 +173,51 @@ TEST_F(SqliteServer, ABodyOverTheLimitIs413AndRunsAndKeepsNothing) {
                                    }()}),
                  std::invalid_argument)
         << refused;
+}
+
+// What cpp-httplib hands the endpoint, as docs/server-side.md's table says: version 0.11
+// (Debian 12's) percent-decodes header values before any adapter sees them, so "X-%41" and "X-A"
+// arrive as one key, and a second, empty header line is dropped. This fails the day the library
+// stops decoding, which is when the table must change.
+TEST_F(SqliteServer, BehindCppHttplibKeysArriveAsTheLibraryDecodedThem) {
+  InProcessClaims<SqliteClaims> api(claims, {});
+  const auto encoded = post_claim(api.port(), "\"X-%41\"", R"({"n":1})");
+  const auto plain = post_claim(api.port(), "\"X-A\"", R"({"n":2})");
+  ASSERT_TRUE(encoded && plain);
+  EXPECT_EQ(encoded->status, 201);
+  const bool decodes = std::string_view(CPPHTTPLIB_VERSION).substr(0, 5) == "0.11.";
+  if (decodes) {
+    EXPECT_EQ(plain->status, 422) << "0.11 decodes %41: one key, another request";
+    const auto quoted = post_claim(api.port(), "\"q-%22\"", R"({"n":3})");
+    ASSERT_TRUE(quoted);
+    EXPECT_EQ(quoted->status, 400) << "%22 arrives as a bare quote inside the sf-string";
+  } else {
+    EXPECT_EQ(plain->status, 201) << "header values as sent: two keys";
+  }
+  // A second, empty key line, written byte for byte (a client library might drop it).
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(api.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string body = R"({"n":4})";
+  const std::string request =
+      "POST /claims HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Client: acme\r\n"
+      "Idempotency-Key: \"b-3\"\r\nIdempotency-Key: \r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  std::string answer;
+  char buffer[4096];
+  for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;)
+    answer.append(buffer, static_cast<std::size_t>(n));
+  ::close(fd);
+  if (decodes)
+    EXPECT_EQ(answer.substr(0, 12), "HTTP/1.1 201") << "0.11 drops the empty line: " << answer;
+  else
+    EXPECT_EQ(answer.substr(0, 12), "HTTP/1.1 400") << "two lines are refused: " << answer;
 }
 
 TEST_F(SqliteServer, AMissingKeyIs400AndRunsNothing) {
