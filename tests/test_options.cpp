@@ -212,25 +212,28 @@ TEST(GateOptionsRange, RetryBackoffOutsideZeroToItsMostIsRefusedAndHoldsTheKeyDo
   };
   auto gate =
       w.gate({.lease = 30s, .heartbeat = false, .retry_backoff = 1s, .max_retry_backoff = 3s});
-  const auto attempt = [&] { return gate.process(key, msku).status(); };
-  EXPECT_EQ(attempt(), Status::retry);  // attempt 1; held 1 s
+  // Each step: the answer, and how many times the terminal was called by then.
+  const auto attempt = [&] {
+    const Status status = gate.process(key, msku).status();
+    return std::pair{status, w.terminal.calls()};
+  };
+  using Step = std::pair<Status, int>;
+  EXPECT_EQ(attempt(), (Step{Status::retry, 1}));  // attempt 1; held 1 s
   const auto during = gate.process(key, msku);
   EXPECT_EQ(during.status(), Status::retry) << "held: no downstream call, and no ack";
   EXPECT_NE(during.reason().find("back-off"), std::string::npos) << during.reason();
   w.clock.advance(999ms);
-  EXPECT_EQ(attempt(), Status::retry);
-  EXPECT_EQ(w.terminal.calls(), 1);
+  EXPECT_EQ(attempt(), (Step{Status::retry, 1})) << "still held";
   w.clock.advance(2ms);
-  EXPECT_EQ(attempt(), Status::retry);  // attempt 2; held 2 s
+  EXPECT_EQ(attempt(), (Step{Status::retry, 2}));  // attempt 2; held 2 s
   w.clock.advance(1999ms);
-  EXPECT_EQ(attempt(), Status::retry);
+  EXPECT_EQ(attempt(), (Step{Status::retry, 2})) << "the hold doubled";
   w.clock.advance(2ms);
-  EXPECT_EQ(attempt(), Status::retry);  // attempt 3; held 4 s, at most 3 s
+  EXPECT_EQ(attempt(), (Step{Status::retry, 3}));  // attempt 3; held 4 s, at most 3 s
   w.clock.advance(2999ms);
-  EXPECT_EQ(attempt(), Status::retry);
+  EXPECT_EQ(attempt(), (Step{Status::retry, 3}));
   w.clock.advance(2ms);
-  EXPECT_EQ(attempt(), Status::retry);  // attempt 4
-  EXPECT_EQ(w.terminal.calls(), 4);
+  EXPECT_EQ(attempt(), (Step{Status::retry, 4})) << "max_retry_backoff caps the hold";
   const auto history = w.store.find(key)->history;
   for (const auto& entry : history)
     EXPECT_NE(entry.outcome, "taken_over") << "a hold that ended is no lease that ran out";
