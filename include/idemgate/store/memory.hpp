@@ -354,24 +354,10 @@ class MemoryStore {
   /// Deletes committed and failed rows that finished more than `older_than` ago, `batch` per lock;
   /// never in-flight or escalated rows. Returns how many it deleted.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
-    std::size_t deleted = 0;
-    for (;;) {
-      std::lock_guard lock(mutex_);
-      const auto cutoff = detail::saturating_sub(clock_(), older_than);
-      std::size_t this_batch = 0;
-      for (auto it = rows_.begin(); it != rows_.end() && this_batch < batch;) {
-        const Record& row = it->second;
-        if ((row.status == RecordStatus::committed || row.status == RecordStatus::failed) &&
-            row.created_at < cutoff && row.updated_at < cutoff) {
-          it = rows_.erase(it);
-          ++this_batch;
-        } else {
-          ++it;
-        }
-      }
-      deleted += this_batch;
-      if (this_batch < batch || batch == 0) return deleted;
-    }
+    return erase_in_batches(older_than, batch, [](const Record& row, auto, auto cutoff) {
+      return (row.status == RecordStatus::committed || row.status == RecordStatus::failed) &&
+             row.created_at < cutoff && row.updated_at < cutoff;
+    });
   }
 
   /// Deletes abandoned attempts: rows in flight whose lease ended and that nothing touched (no
@@ -380,23 +366,7 @@ class MemoryStore {
   /// or whose reconciler's passes would have touched the row long since: `Retention` calls it
   /// with `RetentionOptions::abandoned_after`. Returns how many it deleted.
   std::size_t purge_abandoned(std::chrono::seconds older_than, std::size_t batch) {
-    std::size_t deleted = 0;
-    for (;;) {
-      std::lock_guard lock(mutex_);
-      const auto now = clock_();
-      const auto cutoff = detail::saturating_sub(now, older_than);
-      std::size_t this_batch = 0;
-      for (auto it = rows_.begin(); it != rows_.end() && this_batch < batch;) {
-        if (abandoned(it->second, now, cutoff)) {
-          it = rows_.erase(it);
-          ++this_batch;
-        } else {
-          ++it;
-        }
-      }
-      deleted += this_batch;
-      if (this_batch < batch || batch == 0) return deleted;
-    }
+    return erase_in_batches(older_than, batch, abandoned);
   }
 
   /// Deletes the row of `key` when its life is over: committed or failed more than `lifetime`
@@ -552,6 +522,29 @@ class MemoryStore {
         mutex_(shared_->mutex),
         rows_(gate_rows(*shared_, gate_)),
         mismatches_(gate_mismatches(*shared_, gate_)) {}
+
+  // Erases the rows for which `doomed(row, now, cutoff)` holds, `cutoff` being `older_than`
+  // before now, `batch` per lock; returns how many.
+  template <class Doomed>
+  std::size_t erase_in_batches(std::chrono::seconds older_than, std::size_t batch, Doomed doomed) {
+    std::size_t deleted = 0;
+    for (;;) {
+      std::lock_guard lock(mutex_);
+      const auto now = clock_();
+      const auto cutoff = detail::saturating_sub(now, older_than);
+      std::size_t this_batch = 0;
+      for (auto it = rows_.begin(); it != rows_.end() && this_batch < batch;) {
+        if (doomed(it->second, now, cutoff)) {
+          it = rows_.erase(it);
+          ++this_batch;
+        } else {
+          ++it;
+        }
+      }
+      deleted += this_batch;
+      if (this_batch < batch || batch == 0) return deleted;
+    }
+  }
 
   // An attempt nobody finishes: in flight, its lease ended, untouched since `cutoff`.
   static bool abandoned(const Record& row, std::chrono::system_clock::time_point now,

@@ -76,36 +76,12 @@ class Monitoring {
 
   /// See `PostgresStore::purge`.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
-    std::size_t deleted = 0;
-    for (;;) {
-      const std::int64_t n = s_.run([&](Lease& c) {
-        pqxx::nontransaction tx(c.connection());
-        return pq::affected_rows(s_.exec(c, tx, sql::postgres::purge, gate_,
-                                         sql_duration<std::chrono::seconds>(older_than),
-                                         sql_limit(batch)));
-      });
-      deleted += static_cast<std::size_t>(n);
-      if (n == 0 || static_cast<std::size_t>(n) < batch) break;
-    }
-    if (deleted > 0) vacuum_log();
-    return deleted;
+    return delete_in_batches(sql::postgres::purge, older_than, batch);
   }
 
   /// See `PostgresStore::purge_abandoned`.
   std::size_t purge_abandoned(std::chrono::seconds older_than, std::size_t batch) {
-    std::size_t deleted = 0;
-    for (;;) {
-      const std::int64_t n = s_.run([&](Lease& c) {
-        pqxx::nontransaction tx(c.connection());
-        return pq::affected_rows(s_.exec(c, tx, sql::postgres::purge_abandoned, gate_,
-                                         sql_duration<std::chrono::seconds>(older_than),
-                                         sql_limit(batch)));
-      });
-      deleted += static_cast<std::size_t>(n);
-      if (n == 0 || static_cast<std::size_t>(n) < batch) break;
-    }
-    if (deleted > 0) vacuum_log();
-    return deleted;
+    return delete_in_batches(sql::postgres::purge_abandoned, older_than, batch);
   }
 
   /// See `PostgresStore::expire`.
@@ -133,6 +109,26 @@ class Monitoring {
       s_.log("idemgate: VACUUM of " + s_.table() + " after a purge failed: " + e.what() +
              " The purge stands; autovacuum reclaims the space on its own schedule.");
     }
+  }
+
+  // Runs `statement` (`$1 gate, $2 older than (s), $3 limit`), each batch its own statement,
+  // until a batch deletes fewer than `batch` rows; a VACUUM of the log follows when it deleted
+  // any.
+  std::size_t delete_in_batches(const sql::Statement& statement, std::chrono::seconds older_than,
+                                std::size_t batch) {
+    std::size_t deleted = 0;
+    for (;;) {
+      const std::int64_t n = s_.run([&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
+        return pq::affected_rows(s_.exec(c, tx, statement, gate_,
+                                         sql_duration<std::chrono::seconds>(older_than),
+                                         sql_limit(batch)));
+      });
+      deleted += static_cast<std::size_t>(n);
+      if (n == 0 || static_cast<std::size_t>(n) < batch) break;
+    }
+    if (deleted > 0) vacuum_log();
+    return deleted;
   }
 
   Session& s_;

@@ -77,39 +77,18 @@ class Monitoring {
 
   /// See `SqliteStore::purge`.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
-    std::size_t deleted = 0;
-    if (batch == 0) return deleted;
-    for (;;) {
-      const std::int64_t n = s_.run("purging finished rows", nullptr, [&] {
-        s_.begin();
-        const std::int64_t cutoff = earlier(s_.now_micros(), older_than);
-        const std::int64_t changed =
-            s_.change(sql::sqlite::purge, "purging finished rows", gate_, cutoff, sql_limit(batch));
-        s_.end("purging finished rows");
-        return changed;
-      });
-      deleted += static_cast<std::size_t>(n);
-      if (static_cast<std::size_t>(n) < batch) return deleted;
-    }
+    return delete_in_batches("purging finished rows", batch, [&](std::int64_t now) {
+      return s_.change(sql::sqlite::purge, "purging finished rows", gate_, earlier(now, older_than),
+                       sql_limit(batch));
+    });
   }
 
   /// See `SqliteStore::purge_abandoned`.
   std::size_t purge_abandoned(std::chrono::seconds older_than, std::size_t batch) {
-    std::size_t deleted = 0;
-    if (batch == 0) return deleted;
-    for (;;) {
-      const std::int64_t n = s_.run("purging abandoned attempts", nullptr, [&] {
-        s_.begin();
-        const std::int64_t now = s_.now_micros();
-        const std::int64_t changed =
-            s_.change(sql::sqlite::purge_abandoned, "purging abandoned attempts", gate_,
-                      earlier(now, older_than), now, sql_limit(batch));
-        s_.end("purging abandoned attempts");
-        return changed;
-      });
-      deleted += static_cast<std::size_t>(n);
-      if (static_cast<std::size_t>(n) < batch) return deleted;
-    }
+    return delete_in_batches("purging abandoned attempts", batch, [&](std::int64_t now) {
+      return s_.change(sql::sqlite::purge_abandoned, "purging abandoned attempts", gate_,
+                       earlier(now, older_than), now, sql_limit(batch));
+    });
   }
 
   /// See `SqliteStore::expire`.
@@ -125,6 +104,24 @@ class Monitoring {
   }
 
  private:
+  // Runs `remove(now)`, one batch's delete as of `now` (µs), each in a write transaction of its
+  // own so that workers reserve between batches, until a batch deletes fewer than `batch` rows.
+  template <class Remove>
+  std::size_t delete_in_batches(const char* doing, std::size_t batch, Remove remove) {
+    std::size_t deleted = 0;
+    if (batch == 0) return deleted;
+    for (;;) {
+      const std::int64_t n = s_.run(doing, nullptr, [&] {
+        s_.begin();
+        const std::int64_t changed = remove(s_.now_micros());
+        s_.end(doing);
+        return changed;
+      });
+      deleted += static_cast<std::size_t>(n);
+      if (static_cast<std::size_t>(n) < batch) return deleted;
+    }
+  }
+
   Session& s_;
   const std::string& gate_;
 };
