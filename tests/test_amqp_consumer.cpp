@@ -64,6 +64,9 @@ class AmqpBroker : public idemgate::test::BrokerDriver {
   [[nodiscard]] std::string address() const override { return address_; }
   [[nodiscard]] std::string queue() const override { return queue_; }
   void publish(const std::string& body) override { channel().publish(queue_, body); }
+  void publish_all(const std::vector<std::string>& bodies) override {
+    channel().publish_all(queue_, bodies);
+  }
   /// Ready messages: while consumers run, those they hold are not counted; once they stopped,
   /// the broker has put back whatever they held, so zero then means nothing was left unacked.
   [[nodiscard]] std::size_t unsettled() override { return fresh().ready(queue_); }

@@ -16,9 +16,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace idemgate::detail::amqp {
 
@@ -166,18 +169,44 @@ class Channel {
               " (a queue of that name declared with other arguments must be deleted first)");
   }
 
-  /// Publishes `body` to `queue` through the default exchange, persistent.
-  void publish(const std::string& queue, std::string_view body) {
-    amqp_basic_properties_t properties{};
-    properties._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
-    properties.delivery_mode = 2;
-    amqp_bytes_t bytes{body.size(), const_cast<char*>(body.data())};
-    const int sent =
-        amqp_basic_publish(state_, channel_, amqp_empty_bytes, amqp_cstring_bytes(queue.c_str()), 0,
-                           0, &properties, bytes);
-    if (sent != AMQP_STATUS_OK)
-      throw BrokerError("idemgate: publishing to " + queue +
-                        " failed: " + amqp_error_string2(sent));
+  /// Publishes `body` to `queue` through the default exchange, persistent, and waits until the
+  /// broker confirms it holds the message (publisher confirms): a quorum queue may drop an
+  /// unconfirmed publish while it is busy, and a nacked one is published again. For a channel
+  /// that only publishes: deliveries arriving meanwhile would be dropped.
+  void publish(const std::string& queue, std::string_view body,
+               std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    publish_all(queue, std::vector<std::string_view>{body}, timeout);
+  }
+
+  /// Publishes every body as `publish` does, up to 256 awaiting their confirms at a time.
+  template <class Bodies>
+  void publish_all(const std::string& queue, const Bodies& bodies,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    if (!confirming_) {
+      amqp_confirm_select(state_, channel_);
+      check(amqp_get_rpc_reply(state_), "turning on publisher confirms");
+      confirming_ = true;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::deque<std::string_view> to_send(std::begin(bodies), std::end(bodies));
+    std::map<std::uint64_t, std::string_view> awaiting;  // delivery tag -> body
+    while (!to_send.empty() || !awaiting.empty()) {
+      while (!to_send.empty() && awaiting.size() < 256) {
+        send(queue, to_send.front());
+        awaiting.emplace(++published_, to_send.front());
+        to_send.pop_front();
+      }
+      const Confirm confirm = next_confirm(deadline, queue);
+      auto last = confirm.multiple ? awaiting.upper_bound(confirm.tag) : awaiting.find(confirm.tag);
+      auto first = confirm.multiple ? awaiting.begin() : last;
+      if (!confirm.multiple) {
+        if (last == awaiting.end()) continue;
+        ++last;
+      }
+      for (auto it = first; it != last; ++it)
+        if (!confirm.ack) to_send.push_back(it->second);
+      awaiting.erase(first, last);
+    }
   }
 
   /// Messages ready in `queue` (not counting those delivered and not yet settled).
@@ -283,9 +312,74 @@ class Channel {
     }
   }
 
+  /// One persistent publish to `queue` through the default exchange.
+  void send(const std::string& queue, std::string_view body) {
+    amqp_basic_properties_t properties{};
+    properties._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
+    properties.delivery_mode = 2;
+    amqp_bytes_t bytes{body.size(), const_cast<char*>(body.data())};
+    const int sent =
+        amqp_basic_publish(state_, channel_, amqp_empty_bytes, amqp_cstring_bytes(queue.c_str()), 0,
+                           0, &properties, bytes);
+    if (sent != AMQP_STATUS_OK) {
+      open_ = false;
+      throw BrokerError("idemgate: publishing to " + queue +
+                        " failed: " + amqp_error_string2(sent));
+    }
+  }
+
+  /// The broker's answer to publishes: up to `tag` when `multiple`, else `tag` alone.
+  struct Confirm {
+    std::uint64_t tag = 0;
+    bool multiple = false;
+    bool ack = false;
+  };
+
+  /// The next ack or nack of a publish on this channel.
+  Confirm next_confirm(std::chrono::steady_clock::time_point deadline, const std::string& queue) {
+    for (;;) {
+      amqp_maybe_release_buffers(state_);
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        throw BrokerError("idemgate: RabbitMQ did not confirm publishes to " + queue +
+                          " in time; they may or may not be in the queue");
+      timeval wait{static_cast<decltype(timeval::tv_sec)>(left.count() / 1000),
+                   static_cast<decltype(timeval::tv_usec)>((left.count() % 1000) * 1000)};
+      amqp_frame_t frame;
+      const int got = amqp_simple_wait_frame_noblock(state_, &frame, &wait);
+      if (got == AMQP_STATUS_TIMEOUT) continue;
+      if (got != AMQP_STATUS_OK) {
+        open_ = false;
+        throw BrokerError("idemgate: waiting for RabbitMQ's confirms of publishes to " + queue +
+                          " failed: " + amqp_error_string2(got));
+      }
+      if (frame.frame_type != AMQP_FRAME_METHOD) continue;
+      switch (frame.payload.method.id) {
+        case AMQP_BASIC_ACK_METHOD: {
+          const auto* ack = static_cast<const amqp_basic_ack_t*>(frame.payload.method.decoded);
+          return {ack->delivery_tag, ack->multiple != 0, true};
+        }
+        case AMQP_BASIC_NACK_METHOD: {
+          const auto* nack = static_cast<const amqp_basic_nack_t*>(frame.payload.method.decoded);
+          return {nack->delivery_tag, nack->multiple != 0, false};
+        }
+        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CONNECTION_CLOSE_METHOD:
+          open_ = false;
+          throw BrokerError("idemgate: RabbitMQ closed the channel while publishes to " + queue +
+                            " waited for their confirms");
+        default:
+          break;
+      }
+    }
+  }
+
   amqp_connection_state_t state_;
   amqp_channel_t channel_ = 1;
   bool open_ = true;
+  bool confirming_ = false;
+  std::uint64_t published_ = 0;
 };
 
 }  // namespace idemgate::detail::amqp
