@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
         idemgate::bench::KeySource keys;
         try {
           idemgate::server::Request request{
-              "POST", "/orders", {}, "application/json", R"({"item":"reefer"})", "client"};
+              "POST", "/orders", {}, "application/json", R"({"item":"reefer"})", "client", ""};
           while (clock::now() < end && !failed) {
             if (settings.failing) {
               request.idempotency_key = keys.next("bench.failing").hex();

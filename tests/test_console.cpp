@@ -442,7 +442,17 @@ TEST_F(ConsoleOverHttp, RedrivingACauseRedrivesItsFailedRowsOnly) {
   EXPECT_EQ(cross->status, 403);
   EXPECT_EQ(status_of(refused_), RecordStatus::failed);
 
-  const auto res = c.Post(api("causes/redrive"), bearer(), refused.dump(), "application/json");
+  // By the id the causes list gives.
+  const auto causes = c.Get(api("causes"), bearer());
+  ASSERT_TRUE(causes);
+  std::string id;
+  const json listed = json::parse(causes->body);
+  for (const json& cause : listed["causes"])
+    if (cause["cause"].get<std::string>() == refused["reason"].get<std::string>())
+      id = cause["id"].get<std::string>();
+  ASSERT_EQ(id.size(), 12u) << causes->body;
+  const auto res =
+      c.Post(api("causes/redrive"), bearer(), json{{"cause", id}}.dump(), "application/json");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
   const json body = json::parse(res->body);

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <latch>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -946,5 +947,118 @@ TEST(HttpDownstream, ARetryStormMeetsAtMostMaxAttemptsDownstreamCalls) {
   receiver.stop();
   listening.join();
   EXPECT_EQ(spaced.escalated(10).size(), 2u);
+  EXPECT_EQ(bookings.size(), 0u);
+}
+
+/// Claims at "/slots/<container>?window=<window>": a path that holds the event's own values,
+/// named by its route.
+struct SlotPathApi {
+  using request_type = SlotRequest;
+  using outcome_type = std::string;
+  bool routed = true;
+  idemgate::HttpCall claim_call(const SlotRequest& r) const {
+    idemgate::HttpCall call{"POST", "/slots/" + r.container + "?window=" + r.window, "{}"};
+    if (routed) call.route = "/slots/{container}";
+    return call;
+  }
+  std::optional<std::string> parse_outcome(std::string_view body) const {
+    return slot_field(body, "slot");
+  }
+};
+
+TEST(HttpDownstream, FailuresOfOneKindShareACauseAndKeepTheirDetails) {
+  // The far side refuses unannounced containers with one problem type and a detail of their
+  // own, nested members and a brace inside a string included; a reefer with another type.
+  httplib::Server far_side;
+  far_side.Post(R"(/slots/([A-Z0-9]+))", [](const httplib::Request& req, httplib::Response& res) {
+    const std::string container = req.matches[1];
+    const bool reefer = container.rfind("RFRU", 0) == 0;
+    res.status = 422;
+    res.set_content(
+        std::string(R"({"status": 422, "errors": [{"at": "}{", "n": [1, {"type": "inner"}]}],)") +
+            R"( "type": "https://terminal.example/problems/)" +
+            (reefer ? "reefer-not-plugged" : "container-not-announced") +
+            R"(", "title": "Refused", "detail": "container )" + container + " at " +
+            req.get_param_value("window") + R"( was refused"})",
+        "application/problem+json");
+  });
+  const int port = far_side.bind_to_any_port("127.0.0.1");
+  std::jthread listening([&] { far_side.listen_after_bind(); });
+  const std::unique_ptr<httplib::Server, void (*)(httplib::Server*)> stopping(
+      &far_side, [](httplib::Server* server) { server->stop(); });
+  while (!far_side.is_running()) std::this_thread::sleep_for(1ms);
+  const std::string base = "http://127.0.0.1:" + std::to_string(port);
+
+  MemoryStore store;
+  MemoryBookings bookings;
+  HttpOptions whole_bodies = fast();
+  whole_bodies.reason_excerpt_bytes = 1024;
+  HttpDownstream<SlotPathApi> downstream{base, whole_bodies};
+  Gate gate{"ect.claim_slot", store, downstream, bookings.writer()};
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(gate.process(idemgate::derive_key("n", std::to_string(i)),
+                           SlotRequest{"BADU000000" + std::to_string(i), "2025-06-09T07:00"})
+                  .status(),
+              Status::failed);
+  for (int i = 5; i < 7; ++i)
+    EXPECT_EQ(gate.process(idemgate::derive_key("n", std::to_string(i)),
+                           SlotRequest{"RFRU000000" + std::to_string(i), "2025-06-09T08:00"})
+                  .status(),
+              Status::failed);
+
+  const std::string unannounced = "POST " + base +
+                                  "/slots/{container} answered 422 "
+                                  "(https://terminal.example/problems/container-not-announced)";
+  const auto causes = gate.store().causes(10);
+  ASSERT_EQ(causes.size(), 2u) << "one cause per problem type, whatever the containers";
+  EXPECT_EQ(causes[0].reason, unannounced);
+  EXPECT_EQ(causes[0].rows, 5);
+  EXPECT_EQ(causes[1].rows, 2);
+  EXPECT_NE(causes[1].reason.find("reefer-not-plugged"), std::string::npos) << causes[1].reason;
+  EXPECT_NE(causes[0].id(), causes[1].id());
+  EXPECT_EQ(causes[0].id().size(), 12u);
+
+  // The row keeps the details: its own target and the far side's words.
+  const auto row = gate.store().find(idemgate::derive_key("n", "3"));
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(idemgate::cause_of(row->reason), unannounced);
+  EXPECT_NE(row->reason.find("\nPOST " + base + "/slots/BADU0000003?window=2025-06-09T07:00"),
+            std::string::npos)
+      << row->reason;
+  EXPECT_NE(row->reason.find("container BADU0000003 at 2025-06-09T07:00 was refused"),
+            std::string::npos)
+      << row->reason;
+
+  // What `causes` printed re-drives the whole group, and only it.
+  idemgate::RowQuery by_cause;
+  by_cause.reason = unannounced;
+  EXPECT_EQ(gate.store().count(by_cause), 5);
+  EXPECT_EQ(gate.store().redrive_cause(unannounced, 100), 5u);
+  EXPECT_EQ(gate.store().causes(10).size(), 1u);
+
+  // Without a route, the path without its query names the cause, so each container is its own.
+  MemoryStore unrouted_store;
+  HttpDownstream<SlotPathApi> unrouted{base, fast(), SlotPathApi{.routed = false}};
+  Gate unrouted_gate{"ect.claim_slot", unrouted_store, unrouted, bookings.writer()};
+  for (int i = 0; i < 2; ++i)
+    unrouted_gate.process(idemgate::derive_key("n", std::to_string(i)),
+                          SlotRequest{"BADU000000" + std::to_string(i), "2025-06-09T07:00"});
+  ASSERT_EQ(unrouted_gate.store().causes(10).size(), 2u);
+  EXPECT_EQ(unrouted_gate.store().causes(10)[0].reason.find('?'), std::string::npos)
+      << "the query is a detail, never part of the cause";
+
+  // A user's extractor names the cause instead.
+  MemoryStore own_store;
+  HttpOptions own = fast();
+  own.cause = [](const idemgate::HttpCall& call, const httplib::Response& response) {
+    return call.method + " slot refused (" + std::to_string(response.status) + ")";
+  };
+  HttpDownstream<SlotPathApi> extracting{base, own};
+  Gate own_gate{"ect.claim_slot", own_store, extracting, bookings.writer()};
+  own_gate.process(idemgate::derive_key("n", "1"), SlotRequest{"BADU0000001", "w"});
+  own_gate.process(idemgate::derive_key("n", "6"), SlotRequest{"RFRU0000006", "w"});
+  ASSERT_EQ(own_gate.store().causes(10).size(), 1u);
+  EXPECT_EQ(own_gate.store().causes(10)[0].reason, "POST slot refused (422)");
+
   EXPECT_EQ(bookings.size(), 0u);
 }

@@ -410,6 +410,42 @@ TEST_P(OperatorCommand, RedriveByCauseIsADryRunUntilExecuteThenRedrivesExactlyTh
   EXPECT_EQ(again.rc, 1) << "nothing left to re-drive";
 }
 
+TEST_P(OperatorCommand, RedriveByCauseTakesTheIdCausesPrintsAndNamesTheCausesWhenNoneMatches) {
+  std::string expired_id, funds_id;
+  for (const auto& c : run_json("causes", {"--gate", payments})) {
+    ASSERT_EQ(c["id"].get<std::string>().size(), 12u) << c.dump();
+    EXPECT_EQ(c["cause"], c["reason"]);
+    if (c["status"] == "failed" && c["cause"] == "card_expired") expired_id = c["id"];
+    if (c["status"] == "failed" && c["cause"] == "insufficient_funds") funds_id = c["id"];
+  }
+  ASSERT_FALSE(expired_id.empty());
+  ASSERT_FALSE(funds_id.empty());
+  EXPECT_NE(run("causes", {"--gate", payments}).out.find(expired_id), std::string::npos)
+      << "the table prints the ID";
+
+  const json dry = run_json("redrive", {"--gate", payments, "--cause", expired_id});
+  EXPECT_EQ(dry["total"], 4) << dry.dump();
+  EXPECT_EQ(dry["gates"][0]["escalated_same_cause"], 1);
+
+  const Ran none = run("redrive", {"--gate", payments, "--cause", "card_exp"});
+  EXPECT_EQ(none.rc, 1);
+  EXPECT_NE(none.err.find("no failed row has the cause \"card_exp\""), std::string::npos)
+      << none.err;
+  EXPECT_NE(none.err.find(expired_id + "  " + payments + "  4 rows  card_expired"),
+            std::string::npos)
+      << none.err;
+  EXPECT_NE(none.err.find(funds_id + "  " + payments + "  2 rows  insufficient_funds"),
+            std::string::npos)
+      << none.err;
+  const Ran cut = run("redrive", {"--gate", payments, "--cause", "card_exp..."});
+  EXPECT_NE(cut.err.find("give the cause's ID instead"), std::string::npos) << cut.err;
+
+  const json executed = run_json("redrive", {"--gate", payments, "--cause", funds_id, "--execute"});
+  EXPECT_EQ(executed["total"], 2);
+  for (const auto& k : seed_.funds) EXPECT_EQ(status(payments, k), RecordStatus::in_flight);
+  for (const auto& k : seed_.expired) EXPECT_EQ(status(payments, k), RecordStatus::failed);
+}
+
 TEST_P(OperatorCommand, RedriveByKeyAndByTimeRange) {
   const Ran dry = run("redrive", {"--gate", payments, "--key", seed_.funds[0].hex()});
   EXPECT_EQ(dry.rc, 0) << dry.err;

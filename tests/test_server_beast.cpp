@@ -130,6 +130,15 @@ struct BeastServer : ::testing::Test {
   SqliteClaims claims{dir.file("api.db")};
 };
 
+TEST(BeastAdapter, HandsOnThePathAsTargetAndTheQueryAsSent) {
+  server::BeastRequest req{http::verb::post, "/claims?b=2&a=%41", 11};
+  const server::Request out = server::to_request(req, "acme");
+  EXPECT_EQ(out.target, "/claims");
+  EXPECT_EQ(out.query, "b=2&a=%41");
+  EXPECT_EQ(server::to_request(server::BeastRequest{http::verb::post, "/claims", 11}, "").query,
+            "");
+}
+
 TEST_F(BeastServer, ARepeatedKeyIsReplayedAndAnotherRequestRefused) {
   BeastClaims api(claims);
   const auto first = send(api.port(), http::verb::post, "/claims", "\"b-1\"", R"({"n":1})");

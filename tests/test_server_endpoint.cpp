@@ -306,7 +306,7 @@ TEST_F(SqliteServer, ClientErrorsAreStoredServerErrorsAndThrowsAreNot) {
     if (status == 0) throw std::runtime_error("the handler broke");
     return server::Response{status, {{"Content-Type", "text/plain"}}, "answer"};
   };
-  server::Request request{"POST", "/claims", "\"k\"", "text/plain", "body", "acme"};
+  server::Request request{"POST", "/claims", "\"k\"", "text/plain", "body", "acme", ""};
   EXPECT_EQ(endpoint.handle(request, handler).status, 409);
   const auto replay = endpoint.handle(request, handler);
   EXPECT_EQ(replay.status, 409);
@@ -341,12 +341,83 @@ TEST_F(SqliteServer, AProjectionChoosesWhatTheFingerprintCompares) {
   const auto handler = [](SqliteTransaction&, const server::Request& r) {
     return server::Response{200, {}, r.body};
   };
-  server::Request request{"POST", "/x", "\"k\"", "text/plain", "same|trace-1", "acme"};
+  server::Request request{"POST", "/x", "\"k\"", "text/plain", "same|trace-1", "acme", ""};
   EXPECT_EQ(endpoint.handle(request, handler).body, "same|trace-1");
   request.body = "same|trace-2";
   EXPECT_EQ(endpoint.handle(request, handler).header("Idempotent-Replayed"), "true");
   request.body = "other|trace-2";
   EXPECT_EQ(endpoint.handle(request, handler).status, 422);
+}
+
+// The query string counts where EndpointOptions::query says, in its canonical form, over a real
+// socket behind cpp-httplib.
+TEST_F(SqliteServer, TheQueryCountsWhereTheOptionSays) {
+  const auto post = [](int port, const std::string& target, const std::string& key) {
+    httplib::Client c("127.0.0.1", port);
+    return c.Post(target, {{"X-Client", "acme"}, {"Idempotency-Key", key}}, R"({"item":"reefer"})",
+                  "application/json");
+  };
+  const auto replayed = [](const httplib::Result& r) {
+    return r && r->status == 201 && r->get_header_value("Idempotent-Replayed") == "true";
+  };
+  const auto ran = [](const httplib::Result& r) {
+    return r && r->status == 201 && !r->has_header("Idempotent-Replayed");
+  };
+
+  {  // The default: the query counts nowhere.
+    InProcessClaims<SqliteClaims> api(claims, {});
+    EXPECT_EQ(api.endpoint().options().query, server::QueryRole::ignored);
+    EXPECT_TRUE(ran(post(api.port(), "/claims?currency=EUR", "\"k-ignored\"")));
+    EXPECT_TRUE(replayed(post(api.port(), "/claims?currency=USD", "\"k-ignored\"")));
+    EXPECT_EQ(api.handler_runs(), 1);
+  }
+  {  // In the fingerprint: another query is a conflict; the same one written otherwise is not.
+    server::EndpointOptions options;
+    options.query = server::QueryRole::fingerprint;
+    InProcessClaims<SqliteClaims> api(claims, options);
+    EXPECT_TRUE(ran(post(api.port(), "/claims?currency=EUR&amount=10", "\"k-print\"")));
+    EXPECT_TRUE(replayed(post(api.port(), "/claims?amount=1%30&&currency=EU%52", "\"k-print\"")));
+    const auto other = post(api.port(), "/claims?currency=USD&amount=10", "\"k-print\"");
+    ASSERT_TRUE(other);
+    EXPECT_EQ(other->status, 422) << other->body;
+    EXPECT_EQ(post(api.port(), "/claims", "\"k-print\"")->status, 422) << "no query is another";
+    EXPECT_EQ(api.handler_runs(), 1);
+    const auto kept =
+        api.endpoint().store().find(api.endpoint().log_key("acme", "POST", "/claims", "k-print"));
+    ASSERT_TRUE(kept.has_value());
+    EXPECT_EQ(kept->request, "?amount=10&currency=EUR\n{\"item\":\"reefer\"}")
+        << "the log keeps the canonical query before the body";
+    EXPECT_TRUE(ran(post(api.port(), "/claims", "\"k-bare\"")));
+    EXPECT_EQ(api.endpoint()
+                  .store()
+                  .find(api.endpoint().log_key("acme", "POST", "/claims", "k-bare"))
+                  ->request,
+              "{\"item\":\"reefer\"}")
+        << "a request without a query keeps its body alone, as before the option";
+  }
+  {  // In the scope: another query is another request.
+    server::EndpointOptions options;
+    options.query = server::QueryRole::scope;
+    InProcessClaims<SqliteClaims> api(claims, options);
+    EXPECT_TRUE(ran(post(api.port(), "/claims?currency=EUR", "\"k-scope\"")));
+    EXPECT_TRUE(ran(post(api.port(), "/claims?currency=USD", "\"k-scope\"")));
+    EXPECT_TRUE(replayed(post(api.port(), "/claims?currency=%45UR", "\"k-scope\"")));
+    EXPECT_EQ(api.handler_runs(), 2);
+    EXPECT_TRUE(api.endpoint().store().find(
+        api.endpoint().log_key("acme", "POST", "/claims?currency=USD", "k-scope")))
+        << "a lookup names the query in the target";
+  }
+}
+
+TEST(CanonicalQuery, OrderAndEscapesDoNotMatterValuesDo) {
+  EXPECT_EQ(server::canonical_query("b=2&a=%41"), "a=A&b=2");
+  EXPECT_EQ(server::canonical_query("a=A&b=2"), "a=A&b=2");
+  EXPECT_EQ(server::canonical_query("&&a=1&"), "a=1");
+  EXPECT_EQ(server::canonical_query("q=a%26b%3Dc"), "q=a%26b%3Dc") << "& and = in a value stay";
+  EXPECT_NE(server::canonical_query("q=a%26b%3Dc"), server::canonical_query("q=a&b=c"));
+  EXPECT_NE(server::canonical_query("a"), server::canonical_query("a="));
+  EXPECT_EQ(server::canonical_query("x=%zz"), "x=%25zz") << "a malformed escape is kept as text";
+  EXPECT_EQ(server::canonical_query(""), "");
 }
 
 // The lookup of a consumer built with idemgate: its HttpDownstream's lookup finds what the

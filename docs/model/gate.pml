@@ -21,6 +21,9 @@
  *   GATES       one upstream event, two gates on one log deriving the same key (fan-out): rows
  *               are (gate, key); each gate has its own downstream, business table, reconciler,
  *               retention and operator
+ *   UPGRADE     the upgrade window: the version before gates committed the event (its row
+ *               belongs to no gate); the new version's workers deliver it again while an
+ *               operator's adopt runs at any moment, before, between or after them
  *   NW=n        workers (2 or 3). One row: deliveries of the event. Two rows: with NW=2 worker i
  *               delivers to row i; with 3, workers 0 and 1 to row 0, worker 2 to row 1
  *   NREC=n      reconcilers (1 or 2; by default 1 with GROUP, else 2; with GATES, one a gate)
@@ -75,6 +78,9 @@
 #endif
 #if RELAXED && NR > 1
 #error "RELAXED is checked on one row: with two, flush() would have to flush both"
+#endif
+#if defined(UPGRADE) && (RELAXED || NR > 1 || !HONOURS || THROWS)
+#error "UPGRADE is checked on one row, durable reservations, a downstream that honours keys"
 #endif
 #if defined(HEARTBEAT) && (!HONOURS || THROWS)
 #error "HEARTBEAT is checked with a downstream that honours keys, without POISON"
@@ -148,6 +154,12 @@ byte rout[NR];   /* result (committed outcome) */
 bool dex[NR];
 byte dst[NR], dfence[NR], dhold[NR], datt[NR], dout[NR];
 bool dlive[NR];
+#ifdef UPGRADE
+bool unowned[NR]; /* the row belongs to no gate (gate = ''): written before logs knew gates */
+#define OWNED(i) !unowned[i]
+#else
+#define OWNED(i) 1
+#endif
 
 /* ---- per event (a row's gate and key): the business table and the downstream ---- */
 byte biz[NR];    /* business rows for this event */
@@ -282,6 +294,11 @@ inline reserve_stmt() {
      relaxed_write(); invariants();
      ans = R_ACQ; hf = 1
   :: else ->
+#ifdef UPGRADE
+     /* the key's only row belongs to no gate: the reservation gives it to its gate and answers
+        from it (idemgate_reserve's unowned arm), in the one statement */
+     if :: unowned[k] -> unowned[k] = 0; flush() :: else -> skip fi;
+#endif
      f = rfence[k];
      if
      :: rst[k] == INF && rhold[k] == tok -> /* mine: this attempt's own row, its reply was lost */
@@ -343,7 +360,7 @@ inline take_stale_stmt() {
   fi
 }
 
-#define STRANDED(i) (rex[i] && rst[i] == INF && !rlive[i])
+#define STRANDED(i) (rex[i] && rst[i] == INF && !rlive[i] && OWNED(i))
 /* The scan sees only this gate's rows (WHERE gate = $gate). */
 #define SCANS(i) (GATE_OF(i) == g)
 #define TAKE_STALE fresh_token(RB + TOKS * r); cur[NW + r] = tok; take_stale_stmt()
@@ -1014,7 +1031,7 @@ end_operator:
 
 /* Retention::run_once: the dedup window outlasts every delivery of the event; it purges only
    its gate's rows (idemgate_purge). */
-#define PURGEABLE(i) (rex[i] && GATE_OF(i) == g && (rst[i] == COM || rst[i] == FAI))
+#define PURGEABLE(i) (rex[i] && GATE_OF(i) == g && OWNED(i) && (rst[i] == COM || rst[i] == FAI))
 #define PURGE OWN_ROW; gone_final[k] = (rst[k] == COM || rst[k] == FAI); rex[k] = 0; flush()
 proctype Retention(byte g) {
   byte k;
@@ -1028,8 +1045,30 @@ end_retention:
   od
 }
 
+#ifdef UPGRADE
+/* The operator's adopt (PostgresStore::adopt_unowned_rows): gives the gate the rows of no gate
+   whose key it holds no row of, at any moment of the window. */
+proctype Adopt() {
+end_adopt:
+  atomic { unowned[0] -> unowned[0] = 0 }
+}
+#endif
+
 init {
   atomic {
+#ifdef UPGRADE
+    /* the version before gates met the event: its row is of no gate, committed, or in flight
+       with its lease run out (that process died after the downstream did the work) */
+    rex[0] = 1; rfence[0] = 1; rhold[0] = 0; rlive[0] = 0; ratt[0] = 1; unowned[0] = 1;
+    dsout[0] = OK_A; dsseen[0] = 1;
+    if
+    :: rst[0] = COM; rout[0] = OK_A; biz[0] = 1; bizout[0] = OK_A
+    :: rst[0] = INF; rout[0] = 0
+    fi;
+    dex[0] = 1; dst[0] = rst[0]; dfence[0] = 1; dhold[0] = 0; dlive[0] = 0; datt[0] = 1;
+    dout[0] = rout[0]; hi[0] = 1;
+    run Adopt();
+#endif
     run Worker(0, WROW(0), GATE_OF(WROW(0))); run Worker(1, WROW(1), GATE_OF(WROW(1)));
 #if NW > 2
     run Worker(2, WROW(2), GATE_OF(WROW(2)));

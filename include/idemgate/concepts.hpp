@@ -125,8 +125,9 @@ concept labelling_store = store<S> &&
  * Concept: a store an operator works with (the `idemgate` command, a console): rows listed and
  * counted by status, reason, label and time (`rows`, newest change first, at most
  * `RowQuery::limit`; `count`, the same filter without a limit), failed and escalated rows
- * grouped by cause (`causes`, most rows first), the failed rows of one cause re-driven at once
- * (`redrive_cause`: exactly that reason, up to `limit`, as `redrive_failed` does), and the gates
+ * grouped by cause (`causes`: the first line of their reasons, `cause_of`; most rows first), the
+ * failed rows of one cause re-driven at once (`redrive_cause`: rows whose reason or cause is
+ * exactly the text given, up to `limit`, as `redrive_failed` does), and the gates
  * that have rows in the log (`gates`, any handle, sorted; rows of no gate are not a gate). Every
  * call but `gates` sees only the handle's gate.
  */

@@ -184,7 +184,8 @@ struct Record {
 struct RowQuery {
   /// Only rows with this status.
   std::optional<RecordStatus> status = std::nullopt;
-  /// Only rows with exactly this reason ("" matches rows without one).
+  /// Only rows whose reason, or whose cause (`cause_of` the reason), is exactly this ("" matches
+  /// rows without one).
   std::optional<std::string> reason = std::nullopt;
   /// Only rows whose label contains this text (case-sensitive), such as an upstream's id.
   std::string label_contains = {};
@@ -196,11 +197,21 @@ struct RowQuery {
   std::size_t limit = 100;
 };
 
-/// Failed or escalated rows of one gate that share a status and a reason: one cause.
+/// A reason's cause: its first line (the text before the first line feed), or the whole reason
+/// when it has one line. A failure's reason puts its short, stable class first (for an HTTP
+/// downstream: method, route, status and the problem's type) and the details of this one event
+/// on the lines after it; `causes` groups rows by the first line, and the row and its history
+/// keep every line.
+[[nodiscard]] constexpr std::string_view cause_of(std::string_view reason) noexcept {
+  return reason.substr(0, reason.find('\n'));
+}
+
+/// Failed or escalated rows of one gate that share a status and a cause: one cause.
 struct Cause {
   /// `failed` or `escalated`.
   RecordStatus status = RecordStatus::failed;
-  /// The reason they share ("" for rows without one).
+  /// The cause they share: the first line of their reasons ("" for rows without one). An
+  /// operator's filter or re-drive given this text finds every row of the cause.
   std::string reason;
   /// How many rows.
   std::int64_t rows = 0;
@@ -208,6 +219,16 @@ struct Cause {
   std::chrono::system_clock::time_point first_seen;
   /// The newest `updated_at` among them.
   std::chrono::system_clock::time_point last_seen;
+
+  /// A short name of the cause that stays the same while its rows come and go: the first 12 hex
+  /// digits of SHA-256 over the status and the cause. `idemgate redrive --cause` takes it.
+  [[nodiscard]] std::string id() const {
+    const std::string named = std::string(to_string(status)) + '\n' + reason;
+    const auto digest = detail::sha256(named);
+    std::string out;
+    detail::append_hex(out, std::string_view(reinterpret_cast<const char*>(digest.data()), 6));
+    return out;
+  }
 };
 
 /// A downstream answer for a key that differed from the stored one (healthy: never).

@@ -108,7 +108,7 @@ TEST_F(PostgresServer, AGiveBackTheServerRefusesIsLoggedCountedAndAnsweredWithTh
     claims.insert(tx, r.client);
     return server::Response{201, {{"Content-Type", "text/plain"}}, "claimed"};
   };
-  const server::Request request{"POST", "/claims", "\"held\"", "text/plain", "body", "acme"};
+  const server::Request request{"POST", "/claims", "\"held\"", "text/plain", "body", "acme", ""};
   const auto failed = endpoint.handle(request, handler);
   EXPECT_EQ(failed.status, 500);
   EXPECT_EQ(failed.header("Retry-After"), "2") << "the lease, in whole seconds rounded up";

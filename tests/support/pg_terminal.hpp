@@ -54,6 +54,7 @@ class PgTerminal {
                           "\"" + key.hex() + "\"",
                           "text/plain",
                           request.container + '\n' + request.window,
+                          "",
                           ""};
     const server::Response answer =
         endpoint_.handle(claim, [&](pqxx::work& tx, const server::Request&) {

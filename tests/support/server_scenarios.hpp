@@ -315,7 +315,8 @@ void a_handler_throwing_unreadable_bytes_gives_its_key_back(const Claims& claims
     claims.insert(tx, r.client);
     return server::Response{201, {{"Content-Type", "text/plain"}}, "claimed"};
   };
-  server::Request request{"POST", "/claims", "\"bytes\"", "application/octet-stream", body, "acme"};
+  server::Request request{"POST", "/claims", "\"bytes\"", "application/octet-stream",
+                          body,   "acme",    ""};
   const auto failed = endpoint.handle(request, handler);
   EXPECT_EQ(failed.status, 500);
   EXPECT_FALSE(failed.header("Retry-After")) << "told to wait though the key was given back";

@@ -484,16 +484,20 @@ class Commands {
     return out.empty() ? exit_nothing : exit_ok;
   }
 
-  /// `causes`: failed and escalated rows grouped by status and reason, most rows first.
+  /// `causes`: failed and escalated rows grouped by status and cause (the first line of their
+  /// reasons), most rows first. Each cause's ID is what `redrive --cause` takes.
   int causes(std::size_t limit) {
-    Table table({"GATE", "STATUS", "ROWS", "FIRST_SEEN", "LAST_SEEN", "REASON"});
+    Table table({"ID", "GATE", "STATUS", "ROWS", "FIRST_SEEN", "LAST_SEEN", "CAUSE"});
     auto out = nlohmann::json::array();
     for (auto& store : scope(false)) {
       for (const auto& cause : store.causes(limit)) {
-        table.add({shown(store), std::string(to_string(cause.status)), std::to_string(cause.rows),
-                   format_time(cause.first_seen), format_time(cause.last_seen), cause.reason});
-        out.push_back({{"gate", store.gate()},
+        table.add({cause.id(), shown(store), std::string(to_string(cause.status)),
+                   std::to_string(cause.rows), format_time(cause.first_seen),
+                   format_time(cause.last_seen), cause.reason});
+        out.push_back({{"id", cause.id()},
+                       {"gate", store.gate()},
                        {"status", std::string(to_string(cause.status))},
+                       {"cause", cause.reason},
                        {"reason", cause.reason},
                        {"rows", cause.rows},
                        {"first_seen", format_time(cause.first_seen)},
@@ -517,21 +521,24 @@ class Commands {
     if (by_keys + by_cause + by_range != 1)
       throw UsageError(
           "say which failed rows to re-drive with exactly one of: --key KEY (repeatable), "
-          "--cause REASON (as `idemgate causes` shows it), or --from/--to (when they failed)");
+          "--cause ID or CAUSE (as `idemgate causes` shows it), or --from/--to (when they "
+          "failed)");
     if (t.batch == 0) throw UsageError("--batch must be at least 1");
     if (by_keys) return redrive_keys(t.keys, execute);
+    auto stores = scope(true);
+    std::optional<std::string> cause = t.cause;
+    if (by_cause) cause = cause_named(stores, *t.cause);
 
     const auto now = Clock::now();
     RowQuery q;
     q.status = RecordStatus::failed;
-    if (by_cause) q.reason = t.cause;
+    if (by_cause) q.reason = cause;
     if (!t.from.empty()) q.changed_from = parse_instant(t.from, now);
     q.changed_to = t.to.empty() ? now + std::chrono::seconds(1) : parse_instant(t.to, now);
     const std::size_t cap = t.limit == 0 ? static_cast<std::size_t>(-1) : t.limit;
     auto out = nlohmann::json::array();
     Table table({"GATE", execute ? "REDRIVEN" : "WOULD_REDRIVE", "ESCALATED_SAME_CAUSE"});
     std::int64_t total = 0;
-    auto stores = scope(true);
     Progress progress(c_.progress);
     for (auto& store : stores) {
       const std::int64_t matching = store.count(q);
@@ -550,7 +557,7 @@ class Commands {
         while (static_cast<std::size_t>(done) < cap) {
           const std::size_t step = std::min(t.batch, cap - static_cast<std::size_t>(done));
           const std::size_t n =
-              by_cause ? store.redrive_cause(*t.cause, step)
+              by_cause ? store.redrive_cause(*cause, step)
                        : store.redrive_failed(q.changed_from.value_or(Clock::time_point{}),
                                               *q.changed_to, step);
           done += static_cast<std::int64_t>(n);
@@ -584,8 +591,48 @@ class Commands {
                             "re-drive them\n",
                   static_cast<long long>(total), total == 1 ? "" : "s");
     }
+    if (total == 0 && by_cause) no_such_cause(stores, *t.cause);
     return total == 0 ? exit_nothing : exit_ok;
   }
+
+  /// The cause `given` names: the cause whose ID it is (as `causes` prints it), else `given`
+  /// itself, a cause or a whole reason.
+  static std::string cause_named(std::vector<Store>& stores, const std::string& given) {
+    const bool looks_like_an_id =
+        given.size() == 12 && given.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (looks_like_an_id)
+      for (auto& store : stores)
+        for (const auto& cause : store.causes(cause_search_limit))
+          if (cause.status == RecordStatus::failed && cause.id() == given) return cause.reason;
+    return given;
+  }
+
+  /// Says on stderr that no failed row has the cause `given`, and which causes they have.
+  static void no_such_cause(std::vector<Store>& stores, const std::string& given) {
+    std::string found;
+    std::size_t listed = 0;
+    for (auto& store : stores)
+      for (const auto& cause : store.causes(cause_search_limit)) {
+        if (cause.status != RecordStatus::failed || listed == 10) continue;
+        ++listed;
+        found += "  " + cause.id() + "  " + store.gate() + "  " + std::to_string(cause.rows) +
+                 " row" + (cause.rows == 1 ? "" : "s") + "  " + cause.reason + "\n";
+      }
+    std::string hint;
+    if (given.size() >= 3 && given.compare(given.size() - 3, 3, "...") == 0)
+      hint = " (the table cuts long causes short: give the cause's ID instead)";
+    if (found.empty())
+      std::fprintf(stderr, "no failed row has the cause \"%s\"%s; no row failed at all\n",
+                   given.c_str(), hint.c_str());
+    else
+      std::fprintf(stderr,
+                   "no failed row has the cause \"%s\"%s; the failed rows' causes (ID, gate, "
+                   "rows, cause; give --cause the ID or the cause whole):\n%s",
+                   given.c_str(), hint.c_str(), found.c_str());
+  }
+
+  /// How many causes per gate `--cause` looks through for an ID or a hint.
+  static constexpr std::size_t cause_search_limit = 1000;
 
   /// `purge`: committed and failed rows that finished longer ago than `older_than`. A dry run
   /// unless `execute`.

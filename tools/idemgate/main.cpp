@@ -293,7 +293,8 @@ int main(int argc, char** argv) {
   add_changing(*redrive, a);
   redrive->add_option("-k,--key", a.redrive.keys, "This key (repeatable)");
   redrive->add_option("--cause", a.redrive.cause,
-                      "Every failed row with exactly this reason, as causes shows it");
+                      "Every failed row of this cause: its ID or the cause itself, as causes "
+                      "shows them (a whole reason works too)");
   redrive->add_option("--from", a.redrive.from,
                       "Rows that failed at or after this time (ISO 8601 UTC, or a duration ago)");
   redrive->add_option("--to", a.redrive.to,

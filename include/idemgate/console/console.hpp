@@ -585,8 +585,9 @@ class Console {
       for (std::size_t i = 0; i < found.size(); ++i) {
         const Cause& c = found[i];
         if (i > 0) body += ',';
-        body += "{\"status\":" + j::quote(to_string(c.status)) +
-                ",\"reason\":" + j::quote(c.reason) + ",\"rows\":" + std::to_string(c.rows) +
+        body += "{\"id\":" + j::quote(c.id()) + ",\"status\":" + j::quote(to_string(c.status)) +
+                ",\"cause\":" + j::quote(c.reason) + ",\"reason\":" + j::quote(c.reason) +
+                ",\"rows\":" + std::to_string(c.rows) +
                 ",\"first_seen\":" + j::quote(j::format_time(c.first_seen)) +
                 ",\"last_seen\":" + j::quote(j::format_time(c.last_seen)) + "}";
       }
@@ -632,23 +633,27 @@ class Console {
         fields = idemgate::detail::console::parse_flat_object(request.body);
       } catch (const std::exception& e) {
         return problem(400, "bad-body", "The request body is not understood",
-                       std::string("Send a JSON object {\"reason\": \"...\"}: ") + e.what() + ".");
+                       std::string("Send a JSON object {\"cause\": \"...\"}: ") + e.what() + ".");
       }
-      const auto reason = fields.find("reason");
-      if (reason == fields.end())
-        return problem(400, "bad-body", "No reason",
-                       "Send a JSON object {\"reason\": \"...\"} holding the failed rows' exact "
-                       "reason, as the causes list it.");
-      const std::size_t redriven =
-          gate_.store().redrive_cause(reason->second, options_.redrive_limit);
+      auto given = fields.find("cause");
+      if (given == fields.end()) given = fields.find("reason");
+      if (given == fields.end())
+        return problem(400, "bad-body", "No cause",
+                       "Send a JSON object {\"cause\": \"...\"} holding the failed rows' cause "
+                       "or its id, as the causes list them.");
+      std::string cause = given->second;
+      for (const Cause& c : gate_.store().causes(options_.list_limit))
+        if (c.status == RecordStatus::failed && c.id() == given->second) cause = c.reason;
+      const std::size_t redriven = gate_.store().redrive_cause(cause, options_.redrive_limit);
       if (redriven == 0)
-        return problem(409, "not-failed", "No failed row has this reason",
+        return problem(409, "not-failed", "No failed row has this cause",
                        "Nothing was re-driven: no failed row of gate \"" + gate_.name().str() +
-                           "\" has exactly this reason (escalated rows are resolved, not "
-                           "re-driven; or the rows were re-driven already).");
+                           "\" has this cause or reason (escalated rows are resolved, not "
+                           "re-driven; or the rows were re-driven already). GET /api/causes "
+                           "lists the causes there are.");
       RowQuery left;
       left.status = RecordStatus::failed;
-      left.reason = reason->second;
+      left.reason = cause;
       return json(200, "{\"redriven\":" + std::to_string(redriven) +
                            ",\"still_failed\":" + std::to_string(gate_.store().count(left)) + "}");
     } else {

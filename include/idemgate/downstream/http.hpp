@@ -9,6 +9,7 @@
 #include "../concepts.hpp"
 #include "../detail/durations.hpp"
 #include "../detail/http/client_pool.hpp"
+#include "../detail/http/problem.hpp"
 #include "../key.hpp"
 #include "../outcome.hpp"
 #include "../version.hpp"
@@ -21,6 +22,7 @@
 #include <concepts>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -52,6 +54,10 @@ struct HttpCall {
   std::string body;
   /// The body's media type; ignored when the body is empty.
   std::string content_type;
+  /// The route the call belongs to, as a failure's cause names it, e.g. "/slots/{id}"; empty:
+  /// the path without its query. Set it when the path holds an event's own values, so that the
+  /// failures of one route group as one cause.
+  std::string route;
 };
 
 /// Concept: how requests become HTTP calls and 2xx response bodies become outcomes.
@@ -113,6 +119,13 @@ struct HttpOptions {
   /// `max_timeout`. Keep it below the far side's own keep-alive timeout (5 s in many servers),
   /// so that the far side rarely closes a connection just as it is reused.
   std::chrono::milliseconds idle_timeout = std::chrono::seconds(4);
+  /// The cause of a failure the far side answered, the first line of its reason (see
+  /// `idemgate::cause_of`): what `idemgate causes` groups by. Empty, or answering "": the method,
+  /// the URL of the call's route, the status, and the problem's `type` (else `title`) when the
+  /// body is `application/problem+json`, e.g. `POST https://terminal.example/slots answered 422
+  /// (https://terminal.example/problems/container-not-announced)`. The lines after it say the
+  /// rest (the headers that explain the answer and an excerpt of its body).
+  std::function<std::string(const HttpCall&, const httplib::Response&)> cause;
 
   /// Longest timeout. The HTTP client waits in milliseconds held in an `int`, which a timeout
   /// past about 24 days would overflow.
@@ -310,10 +323,10 @@ class HttpDownstream {
     const int status = response.status;
     if (status >= 200 && status < 300) {
       if (auto outcome = parse(response.body)) return std::move(*outcome);
-      return TransientFailure{describe(call) + " answered " + std::to_string(status) +
-                              " but the body is not an outcome (" + excerpt(response.body) +
-                              "); the work may be done, so retry or look it up under the "
-                              "same key"};
+      return TransientFailure{route(call) + " answered " + std::to_string(status) +
+                              " but the body is not an outcome; the work may be done, so retry "
+                              "or look it up under the same key\n" +
+                              excerpt(response.body)};
     }
     if (status == 408)
       return TransientFailure{status_reason(call, response, "the far side timed out reading it")};
@@ -343,8 +356,8 @@ class HttpDownstream {
     if (response.status == 404) return NotFound{};
     if (response.status >= 200 && response.status < 300) {
       if (auto outcome = parse(response.body)) return std::move(*outcome);
-      return TransientFailure{describe(call) + " answered " + std::to_string(response.status) +
-                              " but the body is not an outcome (" + excerpt(response.body) + ")"};
+      return TransientFailure{route(call) + " answered " + std::to_string(response.status) +
+                              " but the body is not an outcome\n" + excerpt(response.body)};
     }
     return TransientFailure{status_reason(call, response)};
   }
@@ -455,16 +468,37 @@ class HttpDownstream {
     return call.method + ' ' + origin_ + base_.path + call.path;
   }
 
+  /// The method and the URL of the call's route (its path without the query, or `call.route`).
+  std::string route(const HttpCall& call) const {
+    const std::string_view path = call.route.empty()
+                                      ? std::string_view(call.path).substr(0, call.path.find('?'))
+                                      : std::string_view(call.route);
+    return call.method + ' ' + origin_ + base_.path + std::string(path);
+  }
+
+  /// A far side's answer as a reason: its cause on the first line (`HttpOptions::cause`, or the
+  /// route, the status, the problem's class and `meaning`), then the call's whole target when it
+  /// differs from the route, the headers that explain the answer, and an excerpt of the body.
   std::string status_reason(const HttpCall& call, const httplib::Response& response,
                             std::string_view meaning = {}) const {
-    std::string notes(meaning);
+    std::string reason;
+    if (options_.cause) reason = options_.cause(call, response);
+    if (reason.empty()) {
+      reason = route(call) + " answered " + std::to_string(response.status);
+      if (detail::http::is_problem_json(response.get_header_value("Content-Type")))
+        if (const auto problem = detail::http::problem_class(response.body))
+          reason += " (" + *problem + ')';
+      if (!meaning.empty()) reason += ": " + std::string(meaning);
+    }
+    std::replace(reason.begin(), reason.end(), '\n', ' ');  // a cause is one line
+    if (const std::string target = describe(call); target != route(call)) reason += "\n" + target;
+    std::string notes;
     for (const char* header : {"Retry-After", "Location"})
       if (response.has_header(header))
         notes += (notes.empty() ? "" : "; ") + std::string(header) + ": " +
                  response.get_header_value(header);
-    std::string reason = describe(call) + " answered " + std::to_string(response.status);
-    if (!notes.empty()) reason += " (" + notes + ')';
-    if (!response.body.empty()) reason += ": " + excerpt(response.body);
+    if (!notes.empty()) reason += "\n" + notes;
+    if (!response.body.empty()) reason += "\n" + excerpt(response.body);
     return reason;
   }
 
@@ -477,7 +511,7 @@ class HttpDownstream {
   }
 
   std::string attempt_reason(const HttpCall& call, const Exchange& exchange) const {
-    const std::string prefix = describe(call) + ": ";
+    const std::string prefix = route(call) + ": ";
     if (!exchange.result)
       return prefix + "all " + std::to_string(options_.max_connections) + " connections to " +
              base_.host + ':' + std::to_string(base_.port) + " stayed busy for " +
@@ -498,8 +532,8 @@ class HttpDownstream {
         if (exchange.elapsed >= options_.read_timeout)
           return prefix + "read timed out: no response within " + ms(options_.read_timeout) +
                  maybe_done;
-        return prefix + "the connection was closed or reset before a complete response (after " +
-               ms(exchange.elapsed) + ')' + maybe_done;
+        return prefix + "the connection was closed or reset before a complete response" +
+               maybe_done + "\nafter " + ms(exchange.elapsed);
       case httplib::Error::Write:
         return prefix + "sending the request failed (write error or timeout after " +
                ms(options_.write_timeout) + ')' + maybe_done;

@@ -17,38 +17,16 @@ using BeastRequest = boost::beast::http::request<boost::beast::http::string_body
 /// A Beast response with a string body, as the adapter answers.
 using BeastResponse = boost::beast::http::response<boost::beast::http::string_body>;
 
-namespace detail {
-
-/// A query value with its %XX escapes (and '+' as a space) decoded; a malformed escape is kept.
-inline std::string percent_decoded(std::string_view in) {
-  const auto digit = [](char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == '%' && i + 2 < in.size() && digit(in[i + 1]) >= 0 && digit(in[i + 2]) >= 0) {
-      out += static_cast<char>(digit(in[i + 1]) * 16 + digit(in[i + 2]));
-      i += 2;
-    } else {
-      out += in[i] == '+' ? ' ' : in[i];
-    }
-  }
-  return out;
-}
-
-}  // namespace detail
-
-/// The endpoint's request for a Beast request, from `client` (the target is the path, without
-/// the query). Several `Idempotency-Key` lines are combined into one value, which `Endpoint`
-/// refuses with 400.
+/// The endpoint's request for a Beast request, from `client` (the target is the path; the query
+/// is taken as it was sent). Several `Idempotency-Key` lines are combined into one value, which
+/// `Endpoint` refuses with 400.
 [[nodiscard]] inline Request to_request(const BeastRequest& req, std::string client) {
   Request out;
   out.method = std::string(req.method_string());
   const std::string_view target(req.target().data(), req.target().size());
-  out.target = std::string(target.substr(0, target.find('?')));
+  const std::size_t mark = target.find('?');
+  out.target = std::string(target.substr(0, mark));
+  if (mark != std::string_view::npos) out.query = std::string(target.substr(mark + 1));
   const auto [first, last] = req.equal_range("Idempotency-Key");
   for (auto it = first; it != last; ++it) {
     const std::string value(it->value().data(), it->value().size());

@@ -11,6 +11,7 @@
 #include "canonical_json.hpp"
 #include "key_header.hpp"
 #include "message.hpp"
+#include "query.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -111,6 +112,10 @@ struct EndpointOptions {
   /// What the fingerprint compares: `by_media_type` (the default), `by_json`, `by_bytes`, or a
   /// projection of your own (say, a body without its `request_id` member).
   Canonicalizer canonical = by_media_type;
+  /// Where the query string counts: `ignored` (the default, as before the option existed),
+  /// `fingerprint` (another query under the key is a conflict) or `scope` (another query is
+  /// another request). Queries compare in their canonical form (`canonical_query`).
+  QueryRole query = QueryRole::ignored;
   /// The prefix of the `type` URIs of the endpoint's own problems.
   std::string problem_type_prefix = "urn:idemgate:problem:";
   /// Where the endpoint reports what no response says: a key it could not give back after a
@@ -193,10 +198,18 @@ class Endpoint {
   /// The options.
   [[nodiscard]] const EndpointOptions& options() const noexcept { return options_; }
 
-  /// The log key of a request: `derive_key(gate, client, method, target, key)`.
+  /// The log key of a request: `derive_key(gate, client, method, target, key)`. With
+  /// `QueryRole::scope` a query in `target` ("path?query") takes part in its canonical form;
+  /// otherwise only the path does.
   [[nodiscard]] Key log_key(std::string_view client, std::string_view method,
                             std::string_view target, std::string_view key) const {
-    return derive_key(name_, "client:" + std::string(client), method, target, key);
+    const std::size_t mark = target.find('?');
+    const std::string path(target.substr(0, mark));
+    const std::string query = options_.query == QueryRole::scope && mark != target.npos
+                                  ? canonical_query(target.substr(mark + 1))
+                                  : std::string();
+    return derive_key(name_, "client:" + std::string(client), method,
+                      query.empty() ? path : path + '?' + query, key);
   }
 
   /**
@@ -230,13 +243,22 @@ class Endpoint {
     if (!canonical.ok)
       return problem(400, "body-unreadable", "The request body cannot be read",
                      canonical.error + ". Fix the body and send it again under a new key.");
-    const Key key = log_key(request.client, request.method, request.target, key_text);
-    const auto digest = idemgate::detail::sha256(canonical.text);
+    const Key key = log_key(
+        request.client, request.method,
+        request.query.empty() ? request.target : request.target + '?' + request.query, key_text);
+    // With the query in the fingerprint, the log keeps it before the body ("?a=1&b=2\n{…}"); a
+    // request without one keeps its body alone, as before.
+    const std::string query =
+        options_.query == QueryRole::fingerprint ? canonical_query(request.query) : std::string();
+    const std::string with_query =
+        query.empty() ? std::string() : '?' + query + '\n' + canonical.text;
+    const std::string& compared = query.empty() ? canonical.text : with_query;
+    const auto digest = idemgate::detail::sha256(compared);
     Fingerprint fingerprint{};
     std::copy(digest.begin(), digest.end(), fingerprint.begin());
     try {
       for (int round = 0;; ++round) {
-        const Reservation r = store_.reserve(key, fingerprint, canonical.text, options_.lease);
+        const Reservation r = store_.reserve(key, fingerprint, compared, options_.lease);
         if (r.kind != Reservation::Kind::existing) return run(key, r.fence, request, handler);
         // A key past its lifetime is free: its row (a stored response, or attempts that never
         // completed) is deleted, this one only, and the key reserved anew.

@@ -11,13 +11,15 @@
 
 namespace idemgate::server {
 
-/// The endpoint's request for a cpp-httplib request, from `client` (the target is the path,
-/// without the query). Several `Idempotency-Key` lines are combined into one value, which
-/// `Endpoint` refuses with 400.
+/// The endpoint's request for a cpp-httplib request, from `client` (the target is the path; the
+/// query is taken as it was sent). Several `Idempotency-Key` lines are combined into one value,
+/// which `Endpoint` refuses with 400.
 [[nodiscard]] inline Request to_request(const httplib::Request& req, std::string client) {
   Request out;
   out.method = req.method;
   out.target = req.path;
+  if (const std::size_t mark = req.target.find('?'); mark != std::string::npos)
+    out.query = req.target.substr(mark + 1);
   // Several field lines are combined as HTTP combines them ("a, b"), which no key reads as:
   // the draft allows one per request.
   const std::size_t lines = req.get_header_value_count("Idempotency-Key");

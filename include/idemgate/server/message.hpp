@@ -19,7 +19,7 @@ namespace idemgate::server {
 struct Request {
   /// The method, e.g. "POST".
   std::string method;
-  /// The target as routed: the path, with its query when the query is part of what is asked.
+  /// The target as routed: the path (the adapters leave the query out).
   std::string target;
   /// The `Idempotency-Key` field value as received, or nullopt when the header is absent.
   std::optional<std::string> idempotency_key;
@@ -30,6 +30,9 @@ struct Request {
   /// Who sends it (an account id, an API key's id, a certificate's subject): keys are scoped per
   /// client, so one client never sees another's response. "" puts every client in one scope.
   std::string client;
+  /// The query after `?` as received, escapes and all ("" when none). Where it counts is
+  /// `EndpointOptions::query` (nowhere by default).
+  std::string query;
 };
 
 /// One header field of a response.

@@ -434,18 +434,19 @@ class MemoryStore {
                       [&](const auto& entry) { return matches(entry.second, query); }));
   }
 
-  /// This gate's failed and escalated rows grouped by status and reason, most rows first (then
-  /// the most recent), at most `limit` groups.
+  /// This gate's failed and escalated rows grouped by status and cause (`cause_of` their
+  /// reasons), most rows first (then the most recent), at most `limit` groups.
   std::vector<Cause> causes(std::size_t limit) const {
     std::lock_guard lock(mutex_);
     std::map<std::pair<RecordStatus, std::string>, Cause> groups;
     for (const auto& [key, row] : rows_) {
       if (row.status != RecordStatus::failed && row.status != RecordStatus::escalated) continue;
-      auto [it, added] = groups.try_emplace({row.status, row.reason});
+      const std::string_view shared = cause_of(row.reason);
+      auto [it, added] = groups.try_emplace({row.status, std::string(shared)});
       Cause& cause = it->second;
       if (added) {
         cause.status = row.status;
-        cause.reason = row.reason;
+        cause.reason = shared;
         cause.first_seen = cause.last_seen = row.updated_at;
       }
       ++cause.rows;
@@ -461,15 +462,15 @@ class MemoryStore {
     return found;
   }
 
-  /// Re-drives up to `limit` failed rows of this gate whose reason is exactly `reason`, as
-  /// `redrive_failed(key)` does; returns how many.
+  /// Re-drives up to `limit` failed rows of this gate whose reason or cause is exactly `given`,
+  /// as `redrive_failed(key)` does; returns how many.
   std::size_t redrive_cause(std::string_view given, std::size_t limit) {
     const std::string reason = detail::stored_text(given);
     std::lock_guard lock(mutex_);
     std::size_t done = 0;
     for (auto& [key, row] : rows_) {
       if (done >= limit) break;
-      if (row.status != RecordStatus::failed || row.reason != reason) continue;
+      if (row.status != RecordStatus::failed || !reason_or_cause_is(row, reason)) continue;
       redrive(row);
       ++done;
     }
@@ -658,10 +659,14 @@ class MemoryStore {
       add_history(row, detail::history::taken_over, detail::history::lease_expired, now);
   }
 
+  static bool reason_or_cause_is(const Record& row, std::string_view text) {
+    return row.reason == text || cause_of(row.reason) == text;
+  }
+
   // `query` as the log keeps its texts (`detail::stored_query`).
   static bool matches(const Record& row, const RowQuery& query) {
     return (!query.status || row.status == *query.status) &&
-           (!query.reason || row.reason == *query.reason) &&
+           (!query.reason || reason_or_cause_is(row, *query.reason)) &&
            (query.label_contains.empty() ||
             row.label.find(query.label_contains) != std::string::npos) &&
            (!query.changed_from || row.updated_at >= *query.changed_from) &&

@@ -292,9 +292,9 @@ class PostgresStore {
     return operators().redrive_failed(from, to, limit);
   }
 
-  /// Re-drives up to `limit` failed rows of this gate whose reason is exactly `reason`, oldest
-  /// failure first, as `redrive_failed(key)` does (rows another session is changing are
-  /// skipped); returns how many changed. The rows' history keeps the reason.
+  /// Re-drives up to `limit` failed rows of this gate whose reason or cause (`cause_of`) is
+  /// exactly `reason`, oldest failure first, as `redrive_failed(key)` does (rows another session is
+  /// changing are skipped); returns how many changed. The rows' history keeps the reason.
   std::size_t redrive_cause(std::string_view reason, std::size_t limit) {
     return operators().redrive_cause(reason, limit);
   }
@@ -306,8 +306,8 @@ class PostgresStore {
   /// How many rows of this gate match `query` (its limit aside).
   std::int64_t count(const RowQuery& query) { return operators().count(query); }
 
-  /// This gate's failed and escalated rows grouped by status and reason, most rows first (then
-  /// the most recent), at most `limit` groups.
+  /// This gate's failed and escalated rows grouped by status and cause (the first line of
+  /// their reasons, `cause_of`), most rows first (then the most recent), at most `limit` groups.
   std::vector<Cause> causes(std::size_t limit) { return operators().causes(limit); }
 
   /// The gates that have rows in this log, sorted, whichever gate this handle is scoped to

@@ -83,6 +83,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     ARenewalExtendsOnlyTheLeasesWhoseFenceStillHolds, AReleaseWithAHoldKeepsTheKeyUntilTheHoldEnds,
     RowsAndCountFilterByStatusReasonLabelAndTimeNewestFirst,
     CausesGroupTheGatesFailedAndEscalatedRowsByReason,
+    ACauseIsTheFirstLineOfAReasonAndFindsEveryRowOfIt,
     RedrivingACauseTakesOnlyItsFailedRowsInTheGateAndKeepsTheReason,
     GatesListsEveryGateWithRowsFromAnyHandle, ALabelIsKeptOnlyWhenGivenAndFindsItsRow,
     HistoryKeepsWhyEveryAttemptEndedThroughRedriveAndResolve, HistoryKeepsTheNewestSixteenEntries,

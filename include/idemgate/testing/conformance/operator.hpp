@@ -172,6 +172,55 @@ TYPED_TEST_P(StoreConformance, RedrivingACauseTakesOnlyItsFailedRowsInTheGateAnd
   }
 }
 
+TYPED_TEST_P(StoreConformance, ACauseIsTheFirstLineOfAReasonAndFindsEveryRowOfIt) {
+  if constexpr (!idemgate::operable_store<typename TypeParam::Store>) {
+    GTEST_SKIP() << "not an idemgate::operable_store";
+  } else {
+    auto& store = this->store();
+    const auto fail = [&](const Key& key, const std::string& reason) {
+      const Reservation r = store.reserve(key, idemgate::detail::sha256("r"), "r", 1min);
+      ASSERT_EQ(r.kind, Reservation::Kind::acquired);
+      ASSERT_EQ(store.fail(key, r.fence, reason), CommitStatus::committed);
+    };
+    const std::string refused = "POST https://t.example/slots answered 422 (not-announced)";
+    for (int i = 0; i < 3; ++i)
+      fail(detail::key_of("refused", i),
+           refused + "\n{\"detail\": \"BADU000000" + std::to_string(i) + "\"}\nmore");
+    fail(detail::key_of("one-line", 0), refused);
+    fail(detail::key_of("other", 0), "POST https://t.example/slots answered 410\nBADU0000009");
+    fail(detail::key_of("bare", 0), "\nonly details");
+
+    const std::vector<Cause> causes = store.causes(10);
+    ASSERT_EQ(causes.size(), 3u) << "grouped by first line, whatever the lines after it";
+    EXPECT_EQ(causes[0].reason, refused);
+    EXPECT_EQ(causes[0].rows, 4) << "a one-line reason is its own cause";
+    EXPECT_EQ(store.find(detail::key_of("refused", 1))->reason,
+              refused + "\n{\"detail\": \"BADU0000001\"}\nmore")
+        << "the row keeps every line";
+    bool bare = false;
+    for (const Cause& c : causes) bare = bare || (c.reason.empty() && c.rows == 1);
+    EXPECT_TRUE(bare) << "a reason whose first line is empty has the empty cause";
+    const auto id_of = [&](RecordStatus status) {
+      Cause named;
+      named.status = status;
+      named.reason = refused;
+      return named.id();
+    };
+    EXPECT_EQ(causes[0].id(), id_of(RecordStatus::failed)) << "the id stays while rows come and go";
+    EXPECT_NE(causes[0].id(), id_of(RecordStatus::escalated)) << "a status and a cause make an id";
+
+    EXPECT_EQ(store.count({.reason = refused}), 4) << "a cause finds every row of it";
+    EXPECT_EQ(store.count({.reason = refused + "\n{\"detail\": \"BADU0000002\"}\nmore"}), 1)
+        << "a whole reason finds its rows";
+    EXPECT_EQ(store.count({.reason = "POST https://t.example/slots"}), 0)
+        << "a cause matches whole, never as a prefix";
+    EXPECT_EQ(store.redrive_cause(refused, 10), 4u);
+    EXPECT_EQ(this->status_of(detail::key_of("other", 0)), RecordStatus::failed);
+    EXPECT_EQ(store.redrive_cause("POST https://t.example/slots answered 410\nBADU0000009", 10), 1u)
+        << "a whole reason re-drives its rows";
+  }
+}
+
 TYPED_TEST_P(StoreConformance, GatesListsEveryGateWithRowsFromAnyHandle) {
   if constexpr (!idemgate::operable_store<typename TypeParam::Store>) {
     GTEST_SKIP() << "not an idemgate::operable_store";

@@ -52,21 +52,30 @@ UPDATE {log} SET {redriven()}
 )sql"};
 
 /// Re-drives the failed keys of one reason, oldest failure first.
-inline constexpr Statement redrive_cause{"idemgate_redrive_cause", "$1 gate, $2 reason, $3 limit",
+inline constexpr Statement redrive_cause{"idemgate_redrive_cause",
+                                         "$1 gate, $2 reason or cause, $3 limit",
                                          R"sql(
 WITH picked AS MATERIALIZED (
   SELECT key FROM {log}
-   WHERE gate = $1::text AND status = 'failed' AND coalesce(reason, '') = $2::text
+   WHERE gate = $1::text AND status = 'failed' AND {reason_or_cause_is($2::text)}
    ORDER BY updated_at LIMIT $3::bigint FOR UPDATE SKIP LOCKED)
 UPDATE {log} SET {redriven()}
   FROM picked WHERE {log}.gate = $1::text AND {log}.key = picked.key
+)sql"};
+
+/// A row's cause: the first line of its reason ('' for none). See `idemgate::cause_of`.
+inline constexpr Fragment cause{"cause", "", R"sql(split_part(coalesce(reason, ''), E'\n', 1))sql"};
+
+/// Whether the row's reason is `{1}`, or its cause is.
+inline constexpr Fragment reason_or_cause_is{"reason_or_cause_is", "{1} reason or cause", R"sql(
+(coalesce(reason, '') = {1} OR {cause()} = {1})
 )sql"};
 
 /// An operator's filters: each matches any row when its switch is off ('' for the status and the
 /// label).
 inline constexpr Fragment row_filter{"row_filter", "", R"sql(
 WHERE gate = $1::text AND ($2::text = '' OR status = $2::text)
-  AND (NOT $3::boolean OR coalesce(reason, '') = $4::text)
+  AND (NOT $3::boolean OR {reason_or_cause_is($4::text)})
   AND ($5::text = '' OR strpos(coalesce(label, ''), $5::text) > 0)
   AND (NOT $6::boolean OR updated_at >= 'epoch'::timestamptz + $7::bigint * interval '1 microsecond')
   AND (NOT $8::boolean OR updated_at < 'epoch'::timestamptz + $9::bigint * interval '1 microsecond')
@@ -94,12 +103,12 @@ SELECT count(*) FROM {log} {row_filter()} AND $10::bigint IS NOT NULL
 
 /// Groups the failed and escalated rows by cause, most rows first (then the most recent).
 inline constexpr Statement causes{"idemgate_causes", "$1 gate, $2 limit", R"sql(
-SELECT status, coalesce(reason, ''), count(*),
+SELECT status, {cause()}, count(*),
        (extract(epoch FROM min(updated_at)) * 1000000)::bigint,
        (extract(epoch FROM max(updated_at)) * 1000000)::bigint
   FROM {log}
  WHERE gate = $1::text AND status IN ('failed', 'escalated')
- GROUP BY status, coalesce(reason, '')
+ GROUP BY status, {cause()}
  ORDER BY count(*) DESC, max(updated_at) DESC LIMIT $2::bigint
 )sql"};
 

@@ -60,8 +60,14 @@ inline constexpr const Statement* statements[] = {
 
 /// Every fragment the statements call (`{name(…)}`).
 inline constexpr const Fragment* fragments[] = {
-    &history_with, &released_by_this_attempt, &taken_over_history, &redriven, &row_filter,
+    &history_with,
+    &released_by_this_attempt,
+    &taken_over_history,
+    &redriven,
+    &row_filter,
     &has_column,
+    &cause,
+    &reason_or_cause_is,
 };
 
 }  // namespace idemgate::sql::sqlite

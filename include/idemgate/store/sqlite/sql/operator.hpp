@@ -49,18 +49,29 @@ UPDATE {log} SET {redriven(?5, ?6)}
 
 /// Re-drives the failed keys of one reason, oldest failure first.
 inline constexpr Statement redrive_cause{
-    "redrive_cause", "?1 gate, ?2 reason, ?3 limit, ?4 ended lease (µs), ?5 now (µs)", R"sql(
+    "redrive_cause", "?1 gate, ?2 reason or cause, ?3 limit, ?4 ended lease (µs), ?5 now (µs)",
+    R"sql(
 UPDATE {log} SET {redriven(?4, ?5)}
  WHERE gate = ?1 AND key IN (SELECT key FROM {log}
                               WHERE gate = ?1 AND status = 'failed'
-                                AND coalesce(reason, '') = ?2
+                                AND {reason_or_cause_is(?2)}
                               ORDER BY updated_at LIMIT ?3)
+)sql"};
+
+/// A row's cause: the first line of its reason ('' for none). See `idemgate::cause_of`.
+inline constexpr Fragment cause{"cause", "", R"sql(
+substr(coalesce(reason, ''), 1, instr(coalesce(reason, '') || char(10), char(10)) - 1)
+)sql"};
+
+/// Whether the row's reason is `{1}`, or its cause is.
+inline constexpr Fragment reason_or_cause_is{"reason_or_cause_is", "{1} reason or cause", R"sql(
+(coalesce(reason, '') = {1} OR {cause()} = {1})
 )sql"};
 
 /// An operator's filters: each parameter that is NULL (or '' for the label) matches any row.
 inline constexpr Fragment row_filter{"row_filter", "", R"sql(
 WHERE gate = ?1 AND (?2 IS NULL OR status = ?2)
-  AND (?3 IS NULL OR coalesce(reason, '') = ?3)
+  AND (?3 IS NULL OR {reason_or_cause_is(?3)})
   AND (?4 = '' OR instr(coalesce(label, ''), ?4) > 0)
   AND (?5 IS NULL OR updated_at >= ?5) AND (?6 IS NULL OR updated_at < ?6)
 )sql"};
@@ -84,9 +95,9 @@ inline constexpr Statement count{
 
 /// Groups the failed and escalated rows by cause, most rows first (then the most recent).
 inline constexpr Statement causes{"causes", "?1 gate, ?2 limit", R"sql(
-SELECT status, coalesce(reason, ''), count(*), min(updated_at), max(updated_at) FROM {log}
+SELECT status, {cause()}, count(*), min(updated_at), max(updated_at) FROM {log}
  WHERE gate = ?1 AND status IN ('failed', 'escalated')
- GROUP BY status, coalesce(reason, '')
+ GROUP BY status, {cause()}
  ORDER BY count(*) DESC, max(updated_at) DESC LIMIT ?2
 )sql"};
 
