@@ -1,7 +1,10 @@
 // The peer's side of `scripts/bench --peers`: Powertools for AWS Lambda (TypeScript) idempotency
 // over Redis (its CachePersistenceLayer on @redis/client), on the workload bench/peers_gate.cpp
-// runs: the same deliveries (same generator, same order), an in-process side effect counted
-// exactly, 4 and 16 concurrent workers. It runs an untimed warm-up round of every mode, then the
+// runs: the same deliveries (same generator, same order), a side effect counted exactly, 4 and 16
+// concurrent workers. With --business=URI (the fair peer) the side effect also writes the
+// business row the gate writes, into the same PostgreSQL and a table of the same shape: one
+// prepared INSERT per event through node-postgres (a pool of 16 connections), autocommit, as a
+// Powertools user writes it; without it (the effect-only peer) the side effect is a counter. It runs an untimed warm-up round of every mode, then the
 // timed round, and prints `name<TAB>metric<TAB>value` lines that scripts/bench gathers.
 //
 // Modes, each with 4 and 16 workers (async loops in this one process, one connected Redis
@@ -14,10 +17,12 @@
 // A Lambda context is passed to every call: makeIdempotent registers it, and the in-progress
 // record then carries an expiry; without one, a concurrent duplicate would run the handler again.
 //
-// Usage: node powertools.mjs --modules=DIR --redis=HOST:PORT [--events=N] [--warm-up-events=N]
-//          [--duplicate-percent=N] [--tag=TEXT]
+// Usage: node powertools.mjs --modules=DIR --redis=HOST:PORT [--business=URI] [--side=NAME]
+//          [--events=N] [--warm-up-events=N] [--duplicate-percent=N] [--tag=TEXT]
+// NAME prefixes every line (default "peer").
 // DIR holds node_modules with the packages scripts/bench installs (pinned versions).
 
+import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
@@ -39,6 +44,7 @@ const events = Number(flags.events ?? 2000);
 const warmUpEvents = Number(flags['warm-up-events'] ?? 1000);
 const duplicatePercent = Number(flags['duplicate-percent'] ?? 3);
 const tag = flags.tag ?? String(process.pid);
+const side = flags.side ?? 'peer';
 
 const require = createRequire(path.join(path.resolve(flags.modules), 'package.json'));
 const { makeIdempotent, IdempotencyConfig } = require('@aws-lambda-powertools/idempotency');
@@ -92,13 +98,43 @@ const context = {
 const [host, port] = flags.redis.split(':');
 const client = await createClient({ url: `redis://${host}:${port}` }).connect();
 
+// The fair peer's business table: the shape of the gate's (bench/peers_gate.cpp), the key the
+// event's SHA-256.
+const businessTable = 'peers_peer_business';
+let pool;
+if (flags.business) {
+  const { Pool } = require('pg');
+  pool = new Pool({ connectionString: flags.business, max: 16 });
+  await pool.query(
+    `CREATE TABLE IF NOT EXISTS ${businessTable} ` +
+      '(key bytea PRIMARY KEY, request text NOT NULL, outcome text NOT NULL)',
+  );
+}
+
+async function businessRows(prefix) {
+  if (!pool) return 0;
+  const { rows } = await pool.query(
+    `SELECT count(*)::int AS n FROM ${businessTable} WHERE request LIKE $1`,
+    [`${prefix}%`],
+  );
+  return rows[0].n;
+}
+
 let sideEffects = 0;
 const effects = new Map(); // event id -> side effects, for the race
 
-// The side effect: counted, once per run of the handler.
-function sideEffect(id) {
+// The side effect: counted, once per run of the handler; the fair peer's writes the business
+// row too, one prepared INSERT in autocommit (a second row for an event would be refused).
+async function sideEffect(id) {
   sideEffects += 1;
   effects.set(id, (effects.get(id) ?? 0) + 1);
+  if (pool) {
+    await pool.query({
+      name: 'peers_peer_business_insert',
+      text: `INSERT INTO ${businessTable} (key, request, outcome) VALUES ($1, $2, $3)`,
+      values: [createHash('sha256').update(id).digest(), `${id}|${request}`, outcome],
+    });
+  }
   return { outcome };
 }
 
@@ -215,11 +251,12 @@ async function round(n, phase, timed) {
     }
     if (tally.has('error')) failed = true;
     if (!timed) continue;
-    const name = `peer/${mode.name}`;
+    const name = `${side}/${mode.name}`;
     print(name, 'events_per_s', n / seconds);
     print(name, 'deliveries', n);
     print(name, 'distinct', distinct);
     print(name, 'side_effects', effectsHere);
+    if (pool) print(name, 'business_rows', await businessRows(prefix));
     for (const [status, k] of [...tally].sort()) print(name, `status_${status}`, k);
   }
 }
@@ -239,9 +276,10 @@ async function race(phase) {
       }
     }),
   );
-  print('peer/race', 'deliveries', 16);
-  print('peer/race', 'side_effects', effects.get(id) ?? 0);
-  for (const [status, k] of [...tally].sort()) print('peer/race', `status_${status}`, k);
+  print(`${side}/race`, 'deliveries', 16);
+  print(`${side}/race`, 'side_effects', effects.get(id) ?? 0);
+  if (pool) print(`${side}/race`, 'business_rows', await businessRows(id));
+  for (const [status, k] of [...tally].sort()) print(`${side}/race`, `status_${status}`, k);
 }
 
 try {
@@ -250,9 +288,10 @@ try {
   await race('timed');
   // This process's CPU over every delivery it made (scripts/bench sets it beside the server's).
   const { user, system } = process.cpuUsage();
-  print('peer/process', 'cpu_s', (user + system) / 1e6);
-  print('peer/process', 'deliveries', modes.length * (warmUpEvents + events) + 16);
+  print(`${side}/process`, 'cpu_s', (user + system) / 1e6);
+  print(`${side}/process`, 'deliveries', modes.length * (warmUpEvents + events) + 16);
 } finally {
   await client.quit();
+  if (pool) await pool.end();
 }
 process.exit(failed ? 1 : 0);
