@@ -231,6 +231,15 @@ struct Cause {
   }
 };
 
+/// The text of the failed rows' cause whose `Cause::id()` is `id`, among `causes`; none when no
+/// failed cause has it. What the command and the console turn an operator's cause id into.
+[[nodiscard]] inline std::optional<std::string> failed_cause_with_id(
+    const std::vector<Cause>& causes, std::string_view id) {
+  for (const Cause& c : causes)
+    if (c.status == RecordStatus::failed && c.id() == id) return c.reason;
+  return std::nullopt;
+}
+
 /// A downstream answer for a key that differed from the stored one (healthy: never).
 struct Mismatch {
   /// The key.

@@ -602,8 +602,8 @@ class Commands {
         given.size() == 12 && given.find_first_not_of("0123456789abcdef") == std::string::npos;
     if (looks_like_an_id)
       for (auto& store : stores)
-        for (const auto& cause : store.causes(cause_search_limit))
-          if (cause.status == RecordStatus::failed && cause.id() == given) return cause.reason;
+        if (auto named = failed_cause_with_id(store.causes(cause_search_limit), given))
+          return *named;
     return given;
   }
 

@@ -641,9 +641,9 @@ class Console {
         return problem(400, "bad-body", "No cause",
                        "Send a JSON object {\"cause\": \"...\"} holding the failed rows' cause "
                        "or its id, as the causes list them.");
-      std::string cause = given->second;
-      for (const Cause& c : gate_.store().causes(options_.list_limit))
-        if (c.status == RecordStatus::failed && c.id() == given->second) cause = c.reason;
+      const std::string cause =
+          failed_cause_with_id(gate_.store().causes(options_.list_limit), given->second)
+              .value_or(given->second);
       const std::size_t redriven = gate_.store().redrive_cause(cause, options_.redrive_limit);
       if (redriven == 0)
         return problem(409, "not-failed", "No failed row has this cause",

@@ -481,17 +481,18 @@ class HttpDownstream {
   /// differs from the route, the headers that explain the answer, and an excerpt of the body.
   std::string status_reason(const HttpCall& call, const httplib::Response& response,
                             std::string_view meaning = {}) const {
+    const std::string routed = route(call);
     std::string reason;
     if (options_.cause) reason = options_.cause(call, response);
     if (reason.empty()) {
-      reason = route(call) + " answered " + std::to_string(response.status);
+      reason = routed + " answered " + std::to_string(response.status);
       if (detail::http::is_problem_json(response.get_header_value("Content-Type")))
         if (const auto problem = detail::http::problem_class(response.body))
           reason += " (" + *problem + ')';
       if (!meaning.empty()) reason += ": " + std::string(meaning);
     }
     std::replace(reason.begin(), reason.end(), '\n', ' ');  // a cause is one line
-    if (const std::string target = describe(call); target != route(call)) reason += "\n" + target;
+    if (const std::string target = describe(call); target != routed) reason += "\n" + target;
     std::string notes;
     for (const char* header : {"Retry-After", "Location"})
       if (response.has_header(header))

@@ -204,12 +204,8 @@ class Endpoint {
   [[nodiscard]] Key log_key(std::string_view client, std::string_view method,
                             std::string_view target, std::string_view key) const {
     const std::size_t mark = target.find('?');
-    const std::string path(target.substr(0, mark));
-    const std::string query = options_.query == QueryRole::scope && mark != target.npos
-                                  ? canonical_query(target.substr(mark + 1))
-                                  : std::string();
-    return derive_key(name_, "client:" + std::string(client), method,
-                      query.empty() ? path : path + '?' + query, key);
+    return key_of(client, method, target.substr(0, mark),
+                  mark == target.npos ? std::string_view{} : target.substr(mark + 1), key);
   }
 
   /**
@@ -243,9 +239,7 @@ class Endpoint {
     if (!canonical.ok)
       return problem(400, "body-unreadable", "The request body cannot be read",
                      canonical.error + ". Fix the body and send it again under a new key.");
-    const Key key = log_key(
-        request.client, request.method,
-        request.query.empty() ? request.target : request.target + '?' + request.query, key_text);
+    const Key key = key_of(request.client, request.method, request.target, request.query, key_text);
     // With the query in the fingerprint, the log keeps it before the body ("?a=1&b=2\n{…}"); a
     // request without one keeps its body alone, as before.
     const std::string query =
@@ -307,6 +301,17 @@ class Endpoint {
   }
 
  private:
+  // The log key of a request to `path` with `query` (as sent): the query takes part, in its
+  // canonical form, only with `QueryRole::scope`.
+  [[nodiscard]] Key key_of(std::string_view client, std::string_view method, std::string_view path,
+                           std::string_view query, std::string_view key) const {
+    const std::string scoped =
+        options_.query == QueryRole::scope ? canonical_query(query) : std::string();
+    const std::string target =
+        scoped.empty() ? std::string(path) : std::string(path) + '?' + scoped;
+    return derive_key(name_, "client:" + std::string(client), method, target, key);
+  }
+
   struct NotStored {
     Response response;
   };

@@ -4,6 +4,8 @@
 // compare equal wherever an `Endpoint` counts the query (`EndpointOptions::query`).
 #pragma once
 
+#include "../detail/crypto/hex.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <string>
@@ -32,16 +34,12 @@ namespace detail {
 /// A query name or value with its %XX escapes (and '+' as a space) decoded; a malformed escape
 /// is kept as written.
 inline std::string percent_decoded(std::string_view in) {
-  const auto digit = [](char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
+  using idemgate::detail::hex_value;
   std::string out;
   for (std::size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == '%' && i + 2 < in.size() && digit(in[i + 1]) >= 0 && digit(in[i + 2]) >= 0) {
-      out += static_cast<char>(digit(in[i + 1]) * 16 + digit(in[i + 2]));
+    if (in[i] == '%' && i + 2 < in.size() && hex_value(in[i + 1]) >= 0 &&
+        hex_value(in[i + 2]) >= 0) {
+      out += static_cast<char>(hex_value(in[i + 1]) * 16 + hex_value(in[i + 2]));
       i += 2;
     } else {
       out += in[i] == '+' ? ' ' : in[i];
