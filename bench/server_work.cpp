@@ -2,10 +2,8 @@
 // (scripts/bench --server-work). One worker, one event at a time, every event new:
 //   gate             gate.process with one business INSERT (prepared) in the commit transaction
 //   relaxed          the same gate with PostgresOptions::relaxed_reservations
-//   one_transaction  a reference written by hand, not a mode of the library: the gate's
-//                    reservation, the business INSERT and the gate's fenced update, all prepared,
-//                    in one transaction (BEGIN ... COMMIT) on one connection of the same driver:
-//                    the gate's statements with one commit instead of two (pg::HandLoop)
+//   one_transaction  TransactionGate: the reservation, the same business INSERT and the row's
+//                    commit in one transaction (PostgresStore::commit_once)
 //   bare             BEGIN, the same prepared INSERT, COMMIT, on one connection of the same driver
 //   round_trip       a prepared SELECT 1 in autocommit: what one empty round trip costs the server
 // Per event and per kind: the server's CPU (every server process, the exited ones included
@@ -29,6 +27,7 @@
 
 #include <idemgate/gate.hpp>
 #include <idemgate/store/postgres.hpp>
+#include <idemgate/transaction_gate.hpp>
 
 #include <dlfcn.h>
 #include <sys/socket.h>
@@ -40,6 +39,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -224,15 +224,31 @@ class BareSource : public Source {
   pqxx::connection connection_;
 };
 
-// The gate's statements with one commit instead of two, by hand (see pg::HandLoop).
+// TransactionGate: the reservation, the business INSERT and the row's commit in one transaction.
 class OneTransactionSource : public Source {
  public:
   explicit OneTransactionSource(const std::string& uri)
-      : loop_(uri, pg::HandLoop::Transactions::one) {}
-  void event(const idemgate::Key& key) override { loop_.event(key); }
+      : store_(
+            uri,
+            [] {
+              idemgate::PostgresOptions options;
+              options.table = pg::log_table;
+              options.business_statements = {{pg::business_statement, pg::business_insert_sql()}};
+              return options;
+            }()),
+        gate_(pg::gate_name, store_,
+              [](pqxx::work& tx, const idemgate::Key& key, const std::string&) {
+                pg::write_business(tx, key, idemgate::bench::outcome());
+                return idemgate::bench::outcome();
+              }) {}
+  void event(const idemgate::Key& key) override {
+    idemgate::bench::expect_processed(gate_.process(key, idemgate::bench::request()));
+  }
 
  private:
-  pg::HandLoop loop_;
+  using Write = std::function<std::string(pqxx::work&, const idemgate::Key&, const std::string&)>;
+  idemgate::PostgresStore store_;
+  idemgate::TransactionGate<idemgate::PostgresStore, std::string, std::string, Write> gate_;
 };
 
 // One empty round trip per event: a prepared SELECT 1 in autocommit.

@@ -4,6 +4,7 @@
 set(options_structs
   "gate.hpp:GateOptions"
   "gate.hpp:Coalescing"
+  "transaction_gate.hpp:TransactionGateOptions"
   "reconciler.hpp:ReconcilerOptions"
   "retention.hpp:RetentionOptions"
   "signals.hpp:SignalThresholds"

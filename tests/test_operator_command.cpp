@@ -10,6 +10,7 @@
 #include <idemgate/key.hpp>
 #include <idemgate/store/postgres.hpp>
 #include <idemgate/store/sqlite.hpp>
+#include <idemgate/transaction_gate.hpp>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -29,8 +30,10 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -353,6 +356,52 @@ TEST_P(OperatorCommand, ShowPrintsOneRowInFullWithItsRequestReadable) {
   const Ran not_a_key = run("show", {"12ab"});
   EXPECT_EQ(not_a_key.rc, 2);
   EXPECT_NE(not_a_key.err.find("64 hex digits"), std::string::npos) << not_a_key.err;
+}
+
+// Events a TransactionGate ran in one transaction are rows like any other: the operator lists,
+// counts and shows them, each committed at its first attempt with its outcome, and none is ever
+// in flight (a write that threw left nothing to see).
+TEST_P(OperatorCommand, RowsOfATransactionGateAreListedAndShownCommittedWithTheirOutcome) {
+  const char* ledger = "ledger.debit";
+  const auto run_ledger = [&](auto& store, auto write_row) {
+    using Store = std::decay_t<decltype(store)>;
+    idemgate::TransactionGate<
+        Store, std::string, std::string,
+        std::function<std::string(typename Store::transaction&, const std::string&)>>
+        gate(ledger, store, [&](typename Store::transaction& tx, const std::string& account) {
+          write_row(tx);
+          if (account == "closed") throw std::runtime_error("account closed");
+          return "debited " + account;
+        });
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(
+          gate.process(key_of("ledger " + std::to_string(i)), "ACME-" + std::to_string(i)).status(),
+          idemgate::Status::processed);
+    EXPECT_EQ(gate.process(key_of("ledger 0"), "ACME-0").status(), idemgate::Status::duplicate);
+    EXPECT_THROW((void)gate.process(key_of("ledger closed"), "closed"), std::runtime_error);
+  };
+  if (GetParam() == "sqlite")
+    run_ledger(*sqlite_, [](idemgate::SqliteTransaction&) {});
+  else
+    run_ledger(*postgres_, [](pqxx::work&) {});
+
+  const json gates = run_json("gates", {});
+  const auto it =
+      std::find_if(gates.begin(), gates.end(), [&](const json& g) { return g["gate"] == ledger; });
+  ASSERT_NE(it, gates.end()) << gates.dump();
+  EXPECT_EQ((*it)["committed"], 3);
+  EXPECT_EQ((*it)["in_flight"], 0);
+  const json rows = run_json("list", {"--gate", ledger});
+  ASSERT_EQ(rows.size(), 3u) << rows.dump();
+  for (const auto& r : rows) EXPECT_EQ(r["status"], "committed");
+  const json shown = run_json("show", {key_of("ledger 1").hex()});
+  ASSERT_EQ(shown.size(), 1u) << shown.dump();
+  EXPECT_EQ(shown[0]["status"], "committed");
+  EXPECT_EQ(shown[0]["attempts"], 1);
+  EXPECT_EQ(shown[0]["request"]["value"], "ACME-1");
+  EXPECT_NE(shown[0].dump().find("debited ACME-1"), std::string::npos) << shown.dump();
+  EXPECT_EQ(run("show", {key_of("ledger closed").hex()}).rc, 1)
+      << "a write that threw left a row behind";
 }
 
 TEST_P(OperatorCommand, CausesGroupsFailedAndEscalatedRowsPerGate) {

@@ -1,12 +1,14 @@
 // The prepaid ledger example as its users meet it: the real server binary on 127.0.0.1, signed
 // Standard Webhooks deliveries over HTTP, on SQLite and on PostgreSQL. The seed's duplicate
-// table, every refusal (and that it wrote nothing), a crash the reconciler finishes, and 10,000
-// events with 30% replays.
+// table, every refusal (and that it wrote nothing), a process killed inside an event's
+// transaction, and 10,000 events with 30% replays.
 
 #include <common/json.hpp>
 #include "support/child_process.hpp"
 #include "support/postgres.hpp"
 
+#include <idemgate/store/postgres.hpp>
+#include <idemgate/store/sqlite.hpp>
 #include <idemgate/webhook/standard.hpp>
 
 #include <gtest/gtest.h>
@@ -277,6 +279,18 @@ class PrepaidLedgerTest : public ::testing::TestWithParam<Backend> {
     return *server_;
   }
 
+  /// The idempotency log's row for event `event_id`, read from the database by a store of our
+  /// own (the server may be running or not).
+  std::optional<idemgate::Record> log_row(const std::string& event_id) {
+    const idemgate::Key key = idemgate::derive_key("iosor.webhook", event_id);
+    if (GetParam() == Backend::sqlite) {
+      idemgate::SqliteStore store{store_.substr(7)};
+      return store.for_gate("prepaid.ledger").find(key);
+    }
+    idemgate::PostgresStore store{store_};
+    return store.for_gate("prepaid.ledger").find(key);
+  }
+
   /// The account as the server shows it; fails the test on 404.
   Ledger ledger(Sender& sender, const std::string& account) {
     const auto document = sender.account(account);
@@ -483,6 +497,11 @@ TEST_P(PrepaidLedgerTest, InsufficientBalanceIsStoredAs402AndReplayedWithoutDebi
   EXPECT_EQ(account.debits[0].message_id, "m_1");
   EXPECT_EQ(account.debits[1].message_id, "m_3");
   EXPECT_EQ(account.event("evt_2"), nullptr);
+  // The refusal is the event's stored outcome, committed like any other.
+  const std::optional<idemgate::Record> stored = log_row("evt_2");
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->status, idemgate::RecordStatus::committed);
+  EXPECT_EQ(stored->result, "refused:insufficient_balance");
 }
 
 TEST_P(PrepaidLedgerTest, ReusedIdsWithOtherContentAreConflictsNotDuplicates) {
@@ -538,30 +557,65 @@ TEST_P(PrepaidLedgerTest, ConcurrentDeliveriesOfOneEventAndOneMessageDebitOnce) 
   EXPECT_EQ(account.events.size(), 5u * (1 + threads / 2));
 }
 
-TEST_P(PrepaidLedgerTest, ReconcilerRecordsTheEventOfADebitWhoseDeliveryCrashed) {
+TEST_P(PrepaidLedgerTest, ConcurrentDeliveriesOfARefusedEventAllGetTheStoredRefusal) {
+  const int port = start({"--initial-balance-cents", "5"}).port();
+  constexpr int threads = 8;
+  std::latch go(threads);
+  std::vector<Answer> answers(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      Sender sender(port);
+      go.arrive_and_wait();
+      answers[static_cast<std::size_t>(t)] =
+          sender.deliver_until_settled("evt_1", sent("acc_1", "m_1", 7));
+    });
+  for (auto& thread : pool) thread.join();
+  // Those that waited for the first delivery's transaction get its stored 402, never a success.
+  for (const Answer& answer : answers) {
+    EXPECT_EQ(answer.http, 402);
+    EXPECT_EQ(answer.word, "insufficient_balance");
+  }
+  Sender sender(port);
+  EXPECT_FALSE(sender.account("acc_1").has_value()) << "the refused debit opened the account";
+}
+
+TEST_P(PrepaidLedgerTest, DeliveryKilledInsideItsTransactionLeavesNothingAndRedeliveryDebitsOnce) {
   {
-    LedgerProcess& crashing = start({"--exit-after-write", "m_crash", "--lease-ms", "300"});
+    LedgerProcess& crashing = start({"--exit-before-commit", "m_crash"});
     Sender sender(crashing.port());
-    // The ledger commits the debit, then the process dies before the gate's commit.
+    ASSERT_EQ(sender.deliver("evt_1", sent("acc_1", "m_1", 5)).word, "accepted");
+    // The debit row, the balance update and the event record are written in the event's
+    // transaction; then the process dies before it commits.
     EXPECT_EQ(sender.deliver("evt_crash", sent("acc_1", "m_crash", 9)).http, 0);
     EXPECT_EQ(crashing.child().wait(), 3);
   }
-  Sender sender(start({"--lease-ms", "300", "--reconcile-interval-ms", "100"}).port());
-  Ledger account;
-  for (int i = 0; i < 100; ++i) {
-    account = ledger(sender, "acc_1");
-    if (!account.events.empty()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_EQ(account.events.size(), 1u) << "the reconciler did not record the stranded event";
-  EXPECT_EQ(account.events[0].event_id, "evt_crash");
+  // Nothing of the event is left: no log row under its key, no debit, no record, no charge.
+  EXPECT_FALSE(log_row("evt_crash").has_value());
+  Sender sender(start().port());
+  Ledger account = ledger(sender, "acc_1");
+  EXPECT_EQ(account.balance, 2000 - 5);
   ASSERT_EQ(account.debits.size(), 1u);
-  EXPECT_EQ(account.events[0].entry_id, account.debits[0].id);
-  EXPECT_FALSE(account.events[0].reused);
-  EXPECT_EQ(account.balance, 2000 - 9);
-  // The sender's retry, after the reconciler finished the event, changes nothing.
+  EXPECT_EQ(account.debits[0].message_id, "m_1");
+  EXPECT_EQ(account.event("evt_crash"), nullptr);
+
+  // The sender's retry runs the event as new, once.
+  const Answer redelivered = sender.deliver("evt_crash", sent("acc_1", "m_crash", 9));
+  EXPECT_EQ(redelivered.http, 200);
+  EXPECT_EQ(redelivered.word, "accepted");
   EXPECT_EQ(sender.deliver("evt_crash", sent("acc_1", "m_crash", 9)).word, "duplicate");
-  EXPECT_EQ(ledger(sender, "acc_1").balance, 2000 - 9);
+  account = ledger(sender, "acc_1");
+  EXPECT_EQ(account.balance, 2000 - 5 - 9);
+  ASSERT_EQ(account.debits.size(), 2u);
+  EXPECT_EQ(account.debits[1].message_id, "m_crash");
+  EXPECT_EQ(account.debits[1].event_id, "evt_crash");
+  ASSERT_NE(account.event("evt_crash"), nullptr);
+  EXPECT_EQ(account.event("evt_crash")->entry_id, account.debits[1].id);
+  EXPECT_FALSE(account.event("evt_crash")->reused);
+  const std::optional<idemgate::Record> stored = log_row("evt_crash");
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->status, idemgate::RecordStatus::committed);
+  EXPECT_EQ(stored->attempts, 1) << "the killed delivery left no attempt behind";
 }
 
 // --- load ---------------------------------------------------------------------------------------
@@ -669,8 +723,6 @@ TEST_P(PrepaidLedgerTest, TenThousandEventsWithThirtyPercentReplaysDebitEachMess
   const json::Json stats = sender.stats();
   EXPECT_EQ(json::integer_member(stats, "accepted"), originals);
   EXPECT_EQ(json::integer_member(stats, "duplicate"), 10'000 - originals);
-  std::printf("[ prepaid  ] %lld deliveries waited for a concurrent delivery of their event\n",
-              static_cast<long long>(json::integer_member(stats, "waited_in_flight").value_or(-1)));
 }
 
 // --- the signed edge and the admin views -------------------------------------------------------
@@ -717,6 +769,41 @@ TEST_P(PrepaidLedgerTest, AdminViewsAnswerOnlyWithTheBearerToken) {
 INSTANTIATE_TEST_SUITE_P(Stores, PrepaidLedgerTest,
                          ::testing::Values(Backend::sqlite, Backend::postgres), backend_name);
 
+// On PostgreSQL a delivery waits for a concurrent delivery of its event up to the lock timeout.
+using PrepaidLedgerPostgresTest = PrepaidLedgerTest;
+
+TEST_P(PrepaidLedgerPostgresTest, DeliveryThatWaitsPastTheLockTimeoutIsInFlightAndWritesNothing) {
+  const int port = start({"--lock-timeout-ms", "200"}).port();
+  // The debit of m_slow takes 1.5 s (a trigger sleeps in its transaction), far past the timeout.
+  idemgate::test::pg_exec_on(store_,
+                             "CREATE FUNCTION prepaid_test_slow() RETURNS trigger LANGUAGE plpgsql"
+                             " AS $$ BEGIN PERFORM pg_sleep(1.5); RETURN NEW; END $$");
+  idemgate::test::pg_exec_on(store_,
+                             "CREATE TRIGGER prepaid_test_slow BEFORE INSERT ON prepaid_debits"
+                             " FOR EACH ROW WHEN (NEW.message_id = 'm_slow')"
+                             " EXECUTE FUNCTION prepaid_test_slow()");
+  const std::string body = sent("acc_1", "m_slow", 4);
+  Answer first;
+  std::thread slow([&] { first = Sender(port).deliver("evt_slow", body); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Sender sender(port);
+  const Answer second = sender.deliver("evt_slow", body);
+  slow.join();
+  // One delivery did the work; the other waited 200 ms for its transaction and was sent back.
+  std::multiset<std::string> words{first.word, second.word};
+  EXPECT_EQ(words, (std::multiset<std::string>{"accepted", "in_flight"}));
+  EXPECT_EQ((first.word == "in_flight" ? first : second).http, 409);
+  // The retry is answered from the log.
+  EXPECT_EQ(sender.deliver("evt_slow", body).word, "duplicate");
+  const Ledger account = ledger(sender, "acc_1");
+  EXPECT_EQ(account.balance, 2000 - 4);
+  EXPECT_EQ(account.debits.size(), 1u);
+  EXPECT_EQ(account.events.size(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, PrepaidLedgerPostgresTest, ::testing::Values(Backend::postgres),
+                         backend_name);
+
 // --- the command line ---------------------------------------------------------------------------
 
 int exit_code(std::vector<std::string> args) {
@@ -755,6 +842,10 @@ TEST(PrepaidLedgerCommandLine, BadArgumentsExitNonZeroWithoutServing) {
   EXPECT_NE(exit_code({"--port", "0", "--secret", secret, "--store", "sqlite:"}), 0);
   EXPECT_NE(exit_code({"--port", "http", "--secret", secret}), 0);
   EXPECT_NE(exit_code({"--port", "0", "--secret", secret, "--initial-balance-cents", "-1"}), 0);
+  EXPECT_NE(exit_code({"--port", "0", "--secret", secret, "--lock-timeout-ms", "0"}), 0);
+  // Nothing is left in flight, so there is no lease and no reconciler to tune.
+  EXPECT_NE(exit_code({"--port", "0", "--secret", secret, "--lease-ms", "300"}), 0);
+  EXPECT_NE(exit_code({"--port", "0", "--secret", secret, "--reconcile-interval-ms", "100"}), 0);
 }
 
 }  // namespace

@@ -24,9 +24,16 @@
  *   UPGRADE     the upgrade window: the version before gates committed the event (its row
  *               belongs to no gate); the new version's workers deliver it again while an
  *               operator's adopt runs at any moment, before, between or after them
+ *   ONCE        the one-transaction mode (TransactionGate): every delivery runs its reservation,
+ *               business write and commit in one transaction (commit_once); no downstream, and
+ *               no reconciler unless MIXED (a TransactionGate has none: its rows never stay in
+ *               flight)
+ *   MIXED       with ONCE: worker 0 is an ordinary Gate of the same name, whose in-flight row the
+ *               others take over once its lease ran out; that gate's reconciler runs
  *   NW=n        workers (2 or 3). One row: deliveries of the event. Two rows: with NW=2 worker i
  *               delivers to row i; with 3, workers 0 and 1 to row 0, worker 2 to row 1
- *   NREC=n      reconcilers (1 or 2; by default 1 with GROUP, else 2; with GATES, one a gate)
+ *   NREC=n      reconcilers (1 or 2; by default 1 with GROUP, else 2; with GATES, one a gate;
+ *               with ONCE, 0, or 1 with MIXED)
  *   MAXF=n      faults in one run; after the n-th, faults stop
  *   FAULTS=mask the fault kinds (F_* below; all by default)
  *   LIVENESS    adds the LTL property (check it with pan -a -f)
@@ -85,12 +92,21 @@
 #if defined(HEARTBEAT) && (!HONOURS || THROWS)
 #error "HEARTBEAT is checked with a downstream that honours keys, without POISON"
 #endif
+#if defined(ONCE) && (RELAXED || NR > 1 || !HONOURS || THROWS || defined(HEARTBEAT) || \
+                      defined(UPGRADE))
+#error "ONCE is checked on one row, durable reservations, without POISON, HEARTBEAT, UPGRADE"
+#endif
+#if defined(MIXED) && !defined(ONCE)
+#error "MIXED goes with ONCE"
+#endif
 #ifndef NW
 #define NW 3 /* workers: deliveries */
 #endif
 #ifndef NREC
-#ifdef GROUP
+#if defined(GROUP) || defined(MIXED)
 #define NREC 1 /* reconcilers */
+#elif defined(ONCE)
+#define NREC 0
 #else
 #define NREC 2
 #endif
@@ -160,6 +176,21 @@ bool unowned[NR]; /* the row belongs to no gate (gate = ''): written before logs
 #else
 #define OWNED(i) 1
 #endif
+#ifdef ONCE
+/* The key held by an open transaction of commit_once (its uncommitted insert, or the row lock of
+   its takeover) until it ends: 0 none, w + 1 worker w's, ORPHAN one whose session is gone (its
+   worker died or its connection broke: the database rolls it back once it notices). Every other
+   writer of the key waits meanwhile. */
+byte oheld[NR];
+#define ORPHAN 255
+#define FREE(i) (oheld[i] == 0)
+#define WAIT_KEY oheld[k] == 0 ->
+#define WAIT_KEY_AND oheld[k] == 0 &&
+#else
+#define FREE(i) 1
+#define WAIT_KEY
+#define WAIT_KEY_AND
+#endif
 
 /* ---- per event (a row's gate and key): the business table and the downstream ---- */
 byte biz[NR];    /* business rows for this event */
@@ -171,6 +202,9 @@ byte dscalls;    /* calls of a downstream that ignores keys */
 /* ---- environment and ghosts ---- */
 bit P1_, P2_, P3_, P4_, P5_, P6_, P7_, P8_, P9_; /* always 0: they name the property in a
                                                     violated assertion */
+#ifdef ONCE
+bit P10_;
+#endif
 byte faults;         /* faults so far; MAXF is the budget */
 byte hi[NR];         /* highest fence the row ever held durably */
 bool gone_final[NR]; /* retention deleted the row after it was committed or failed */
@@ -200,17 +234,34 @@ inline relaxed_write() {
 
 /* Safety properties that hold in every state a store transaction leaves: P1 one business row
    per event; P2 a committed row has its business row, written with the row's outcome; P3 one
-   downstream outcome per key, and it is the log's; P4 fences never decrease. */
+   downstream outcome per key, and it is the log's; P4 fences never decrease. With ONCE, P10: no
+   row is in flight under a one-transaction delivery's holder (its token, or the 0 its takeover
+   stores). */
+#ifdef ONCE
+/* the log's outcome is the business write's own where no downstream was called */
+#define LOG_OUT(i) (dsout[i] == 0 || rout[i] == dsout[i])
+#ifdef MIXED
+#define NGW 1 /* workers that are ordinary Gates: worker 0 */
+#else
+#define NGW 0
+#endif
+#define ONCE_TOKEN(t) (t == 0 || (t > TOKS * NGW && t < RB))
+#else
+#define LOG_OUT(i) (rout[i] == dsout[i])
+#endif
 #define INVARIANTS(i) \
   assert(!P1_ && biz[i] <= 1); \
   assert(!P2_ && (!(rex[i] && rst[i] == COM) || (biz[i] == 1 && bizout[i] == rout[i]))); \
   assert(!P3_ && dsseen[i] != 3); \
-  assert(!P3_ && (!(rex[i] && rst[i] == COM) || rout[i] == dsout[i])); \
+  assert(!P3_ && (!(rex[i] && rst[i] == COM) || LOG_OUT(i))); \
   assert(!P4_ && (!rex[i] || rfence[i] >= hi[i]))
 inline invariants() {
   INVARIANTS(0);
 #if NR > 1
   INVARIANTS(1);
+#endif
+#ifdef ONCE
+  assert(!P10_ && !(rex[0] && rst[0] == INF && ONCE_TOKEN(rhold[0])));
 #endif
   skip
 }
@@ -221,14 +272,15 @@ inline invariants() {
 /* One statement through PostgresStore::run / run_on: the first try may be cut after the
    statement ran (its reply lost); the second try runs on a fresh connection, and a cut there is
    a StoreError. (A first try cut before the statement ran, then a second try that answers, is
-   the fault-free step.) REPLIED runs only with the reply the caller goes on with. */
+   the fault-free step.) REPLIED runs only with the reply the caller goes on with. With ONCE, a
+   statement on a key that an open one-transaction delivery holds waits for it to end. */
 #define RUN(BODY, REPLIED, ONERR) \
   if \
-  :: atomic { BODY; REPLIED } \
-  :: atomic { FAULT(F_CUT) -> faults++; BODY }; /* it ran; its reply was lost */ \
+  :: atomic { WAIT_KEY BODY; REPLIED } \
+  :: atomic { WAIT_KEY_AND FAULT(F_CUT) -> faults++; BODY }; /* it ran; its reply was lost */ \
      if \
-     :: atomic { BODY; REPLIED } /* the retry on a fresh connection */ \
-     :: atomic { FAULT(F_CUT) -> faults++; BODY }; ONERR /* cut again: StoreError */ \
+     :: atomic { WAIT_KEY BODY; REPLIED } /* the retry on a fresh connection */ \
+     :: atomic { WAIT_KEY_AND FAULT(F_CUT) -> faults++; BODY }; ONERR /* cut again: StoreError */ \
      :: atomic { FAULT(F_CUT) -> faults++ }; ONERR \
      fi \
   :: atomic { (FAULTS & F_CUT) && faults + 2 <= MAXF -> faults = faults + 2 }; ONERR \
@@ -326,7 +378,12 @@ inline reserve_stmt() {
 #define DURABLE \
   (dex[k] && dst[k] == rst[k] && dfence[k] == rfence[k] && dhold[k] == rhold[k])
 #define HW ((rhold[k] - 1) / TOKS)
+#if NREC > 0
 #define CARRIED (DURABLE || (rhold[k] < RB && HW != w && !(wacked & (1 << HW))))
+#else
+/* no reconciler (ONCE): a durable row is finished only by a delivery */
+#define CARRIED (rhold[k] < RB && HW != w && !(wacked & (1 << HW)))
+#endif
 #define CARRIED_CHECK(c) assert(!P5_ && (!acking || !(c) || CARRIED))
 #define RESERVE_REPLIED \
   assert(!P5_ && (ans != R_EXIST || rst[k] != INF || rhold[k] != tok)); \
@@ -487,14 +544,14 @@ inline commit_or_release(me) {
        (THROWS || FAULT(F_THROW)) ->
        if :: !THROWS -> faults++ :: else -> skip fi;
        res = C_THREW; break }
-  :: atomic { !THROWS -> commit_tx();
+  :: atomic { WAIT_KEY_AND !THROWS -> commit_tx();
        if
        :: landed -> res = C_COMMITTED
        :: else -> settled_state(); /* settled_earlier */
           if :: res == 0 -> res = C_LOST :: else -> skip fi
        fi;
        SETTLED_REPLIED; break }
-  :: atomic { !THROWS && FAULT(F_CUT) -> faults++;
+  :: atomic { WAIT_KEY_AND !THROWS && FAULT(F_CUT) -> faults++;
        if
        :: skip       /* the connection broke before COMMIT landed */
        :: commit_tx() /* COMMIT landed, its reply was lost */
@@ -665,6 +722,75 @@ acked:
   }
 }
 
+#ifdef ONCE
+/* ---- TransactionGate::process → PostgresStore::commit_once: one message of the event, all of
+   it in one transaction, redelivered until acked ---- */
+/* A delivery that meets the key held by another open transaction waits for it to end, or its
+   wait runs past lock_timeout at any moment (busy: answered retry; not a fault). A death or a cut
+   leaves its transaction open (ORPHAN) until the database rolls it back. A death before the
+   transaction, or before acking an answer read from the row, is left out: the redelivery meets
+   the same state. */
+/* P5 for its answers: an acked one rests on the key's row, settled, or in flight under a live
+   lease that someone else still carries. */
+#define ONCE_REPLIED assert(!P5_ && rex[k] && (rst[k] != INF || CARRIED))
+/* The transaction's writes, applied at COMMIT: the reservation's insert (fence 1, the call's
+   token) or its takeover (idemgate_take_over: fence + 1, the call's token), the business write, the
+   fenced update to committed. Nothing of it is seen before COMMIT, and the key is held until
+   then, so the row is still as the reservation met it. (A committed row's lease is never read.) */
+inline once_commit() {
+  OWN_ROW;
+  if
+  :: took -> assert(!P7_ && rex[k] && rst[k] == INF && rfence[k] == f); /* its fence holds */
+     rfence[k]++; rhold[k] = tok;
+     if :: ratt[k] <= MAXA -> ratt[k]++ :: else -> skip fi
+  :: else -> rex[k] = 1; rfence[k] = 1; rhold[k] = tok; ratt[k] = 1
+  fi;
+  rst[k] = COM; rout[k] = OK_A; rlive[k] = 0; biz[EV]++; bizout[EV] = OK_A; oheld[k] = 0;
+  flush(); invariants()
+}
+proctype OnceWorker(byte w; byte k; byte g) {
+  byte tok, f, n;
+  bool took;
+  bool acking = 1; /* its answers decide whether a message is acked */
+  byte fin;        /* 1: acked, 2: died before the ack */
+deliver: /* one token for the call: Session::retrying's attempts share it */
+  atomic { fresh_token(1 + TOKS * w); n = 1 };
+attempt: /* one attempt: a transaction on a connection of its own */
+  if
+  :: atomic { FREE(k) -> /* the reservation statement */
+       if
+       :: !rex[k] -> oheld[k] = w + 1; took = 0 /* inserted, uncommitted: the key is held */
+       :: rex[k] && rst[k] == INF && !rlive[k] -> /* a Gate's attempt, its lease run out */
+          oheld[k] = w + 1; took = 1; f = rfence[k] /* taken over in the transaction */
+       :: rex[k] && rst[k] == COM && rhold[k] == tok -> /* mine: its own COMMIT landed before */
+          ONCE_REPLIED; ACK /* processed */
+       :: else -> ONCE_REPLIED; ACK /* duplicate, in flight, failed or escalated */
+       fi }
+  :: atomic { !FREE(k) -> skip }; goto not_acked /* waited past lock_timeout: busy, retry */
+  fi;
+  if :: fin == 1 -> goto acked :: else -> skip fi;
+  /* the business write, the fenced update, COMMIT */
+  if
+  :: atomic { once_commit(); ONCE_REPLIED; ACK_OR_DIE } /* processed */
+  :: atomic { FAULT(F_CUT) -> faults++; once_commit() }; goto again /* COMMIT landed, reply lost */
+  :: atomic { FAULT(F_CUT) -> faults++; oheld[k] = ORPHAN }; goto again /* cut before it landed */
+  :: atomic { FAULT(F_THROW) -> faults++; oheld[k] = 0 }; goto not_acked /* rolled back */
+  :: atomic { FAULT(F_CRASH) -> faults++; oheld[k] = ORPHAN }; goto not_acked /* dies in it */
+  fi;
+  if :: fin == 1 -> goto acked :: else -> goto not_acked fi;
+again: /* Session::retrying: a broken connection, the transaction again on a fresh one */
+  if
+  :: n < CA -> n++; goto attempt
+  :: else -> goto not_acked /* StoreError */
+  fi;
+not_acked: /* retry, an exception or a crash: the queue redelivers the message */
+  atomic { tok = 0; f = 0; n = 0; took = 0; fin = 0 };
+  goto deliver;
+acked:
+  atomic { tok = 0; f = 0; n = 0; took = 0; fin = 0 }
+}
+#endif
+
 /* ---- Reconciler::run_once, in a loop; a pass takes one row (ReconcilerOptions::batch = 1) ---- */
 #undef IDX
 #define IDX (NW + r)
@@ -672,11 +798,12 @@ acked:
 #define DIES skip
 /* idemgate_take_stale takes stranded row i; or its reply is lost, and the retry on a fresh
    connection returns the row this token holds (or is cut too) */
-#define TAKE(i) :: atomic { STRANDED(i) && SCANS(i) -> k = i; TAKE_STALE }
+#define TAKE(i) :: atomic { STRANDED(i) && SCANS(i) && FREE(i) -> k = i; TAKE_STALE }
 #define TAKE_CUT(i) \
-  :: atomic { STRANDED(i) && SCANS(i) && FAULT(F_CUT) -> faults++; k = i; TAKE_STALE }; \
+  :: atomic { STRANDED(i) && SCANS(i) && FREE(i) && FAULT(F_CUT) -> faults++; k = i; \
+       TAKE_STALE }; \
      if \
-     :: atomic { take_stale_stmt() } \
+     :: atomic { WAIT_KEY take_stale_stmt() } \
      :: atomic { FAULT(F_CUT) -> faults++ }; goto pass_done \
      fi
 proctype Reconciler(byte r; byte g) {
@@ -899,6 +1026,10 @@ end_clock:
 #if NR > 1
   EXPIRY(1)
 #endif
+#ifdef ONCE
+  :: atomic { oheld[0] == ORPHAN -> oheld[0] = 0 } /* the database rolls back a session's
+                                                       transaction once it notices it is gone */
+#endif
   od
 }
 
@@ -1069,11 +1200,25 @@ init {
     dout[0] = rout[0]; hi[0] = 1;
     run Adopt();
 #endif
+#ifdef ONCE
+#ifdef MIXED
+    run Worker(0, 0, 0);
+#else
+    run OnceWorker(0, 0, 0);
+#endif
+    run OnceWorker(1, 0, 0);
+#if NW > 2
+    run OnceWorker(2, 0, 0);
+#endif
+#else
     run Worker(0, WROW(0), GATE_OF(WROW(0))); run Worker(1, WROW(1), GATE_OF(WROW(1)));
 #if NW > 2
     run Worker(2, WROW(2), GATE_OF(WROW(2)));
 #endif
+#endif
+#if NREC > 0
     run Reconciler(0, 0);
+#endif
 #if NREC > 1
     run Reconciler(1, GATE_OF(1)); /* with GATES, gate 1's */
 #endif

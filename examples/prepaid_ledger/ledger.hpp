@@ -7,18 +7,25 @@
 ///
 /// 1. The gate, keyed by the event id (`webhook-id`): a redelivery of the same event is answered
 ///    from the idempotency log and never reaches the ledger again.
-/// 2. The ledger, keyed by the message id: the gate's downstream. In one database transaction it
-///    reuses the debit (or inbox) row an earlier event already wrote for the message, or writes
-///    a new one and takes the cost off the balance only when the balance covers it. So the same
-///    message pushed again under a new event id reuses the row and charges nothing.
+/// 2. The ledger, keyed by the message id: it reuses the debit (or inbox) row an earlier event
+///    already wrote for the message, or writes a new one and takes the cost off the balance only
+///    when the balance covers it. So the same message pushed again under a new event id reuses
+///    the row and charges nothing.
 ///
-/// The gate's business write, committed with the event's outcome, records which event points at
-/// which ledger row (the export: event id beside ledger id). The ledger keeps the key of the event
-/// that wrote each row, so the reconciler finds that row by key after a crash and records the
-/// event; it never writes a second row for a key or a message.
+/// Both live in one database, and the event's whole effect is rows in it, so the gate is a
+/// `TransactionGate`: one transaction per event reserves its key, runs the ledger's decision,
+/// records which event points at which ledger row (the export: event id beside ledger id) and
+/// stores the event's outcome, and commits once. That is why it is exactly once: the key's row,
+/// the ledger rows and the event record commit together or not at all. A delivery that dies
+/// midway leaves nothing, and its redelivery runs the event as new; a delivery that finds the key
+/// committed gets the stored outcome and writes nothing. There is no reservation left in flight,
+/// so no lease and no reconciler.
+///
+/// Not for an event that does anything outside the database (a call to an SMS provider, a
+/// message published, a mail sent): a crash mid-call would roll the key back and the redelivery
+/// would call again. That needs the ordinary `Gate`, whose reservation commits before the call.
 
 #include <idemgate/idemgate.hpp>
-#include <idemgate/reconciler.hpp>
 #include <idemgate/webhook/contract.hpp>
 
 #include <common/json.hpp>
@@ -34,8 +41,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace prepaid {
@@ -95,13 +102,26 @@ struct Entry {
   friend bool operator==(const Entry&, const Entry&) = default;
 };
 
-/// Why the ledger refused an event for good (stored by the gate, so replays get the same answer).
-namespace refusal {
-/// The balance does not cover the message's cost; nothing was written.
-inline constexpr std::string_view insufficient_balance = "insufficient_balance";
-/// The message id is already on the ledger for another account or at another cost.
-inline constexpr std::string_view message_conflict = "message_conflict";
-}  // namespace refusal
+/// Why the ledger refused an event for good; nothing was written on the ledger for it.
+enum class Refusal {
+  insufficient_balance,  ///< The balance does not cover the message's cost.
+  message_conflict,      ///< The message id is on the ledger for another account or cost.
+};
+
+/// The refusal's name, as the log stores it and the server answers it.
+[[nodiscard]] constexpr std::string_view to_string(Refusal refusal) noexcept {
+  switch (refusal) {
+    case Refusal::insufficient_balance:
+      return "insufficient_balance";
+    case Refusal::message_conflict:
+      return "message_conflict";
+  }
+  return "unknown";
+}
+
+/// What the gate stores for one event: the ledger row it points at, or why the ledger refused
+/// it. A refusal is stored like a row, so a replay of the event gets the same answer.
+using Decision = std::variant<Entry, Refusal>;
 
 namespace detail {
 
@@ -214,6 +234,30 @@ struct idemgate::codec<prepaid::Entry> {
   }
 };
 
+/// How the gate stores a decision: an entry as above, a refusal as `refused:` and its name
+/// (`refused:insufficient_balance`). One value, one encoding.
+template <>
+struct idemgate::codec<prepaid::Decision> {
+  /// Writes the entry, or the refusal's name.
+  static void encode(const prepaid::Decision& decision, std::string& out) {
+    if (const auto* entry = std::get_if<prepaid::Entry>(&decision)) {
+      idemgate::codec<prepaid::Entry>::encode(*entry, out);
+      return;
+    }
+    out = "refused:";
+    out += prepaid::to_string(std::get<prepaid::Refusal>(decision));
+  }
+  /// Reads it back; throws `CodecError` on anything else.
+  static prepaid::Decision decode(std::string_view in) {
+    if (!in.starts_with("refused:")) return idemgate::codec<prepaid::Entry>::decode(in);
+    in.remove_prefix(8);
+    for (const prepaid::Refusal refusal :
+         {prepaid::Refusal::insufficient_balance, prepaid::Refusal::message_conflict})
+      if (in == prepaid::to_string(refusal)) return refusal;
+    throw idemgate::CodecError("prepaid: a stored refusal has an unknown name");
+  }
+};
+
 namespace prepaid {
 
 /// A webhook id the ledger can store: 1 to 256 printable ASCII characters.
@@ -291,7 +335,7 @@ struct InboxRow {
   std::string from;
 };
 
-/// One event recorded by the gate's business write: which ledger row it points at.
+/// One event record, written with the ledger row it points at: which row that is.
 struct EventRow {
   /// The event id.
   std::string event_id;
@@ -318,24 +362,20 @@ struct Account {
 };
 
 /**
- * Concept: a ledger on one database, the gate's downstream.
+ * Concept: a ledger in the idempotency log's own database.
  *
- * `claim(event, key)` writes or reuses the event's row in one transaction (see `claim_entry`);
- * `lookup(key)` finds the row an event with that key wrote; `record(tx, event, entry)` is the
- * business write, run in the gate's commit transaction; `account(id)` reads an account back.
+ * `write(tx, key, event)` is the event's whole effect, run in the gate's transaction on the
+ * store's connection (see `claim_entry`); `account(id)` reads an account back.
  */
 template <class L>
-concept ledger_policy = idemgate::lookup_downstream<L> &&
-    std::same_as<typename L::request_type, Event> &&
-    std::same_as<typename L::outcome_type, Entry> &&
-    requires(L& l, typename L::store_type::transaction& tx, const Event& event, const Entry& entry,
-             std::string_view id) {
-  typename L::store_type;
-  l.record(tx, event, entry);
+concept ledger_policy = idemgate::one_transaction_store<typename L::store_type> &&
+    requires(L& l, typename L::store_type::transaction& tx, const idemgate::Key& key,
+             const Event& event, std::string_view id) {
+  { l.write(tx, key, event) } -> std::same_as<Decision>;
   { l.account(id) } -> std::same_as<std::optional<Account>>;
 };
 
-/// What a ledger row for a message looks like when another event already wrote it.
+/// What a ledger row for a message looks like when the message is already on the ledger.
 struct HeldRow {
   /// The row's id.
   std::int64_t id = 0;
@@ -348,24 +388,26 @@ struct HeldRow {
 };
 
 /**
- * The ledger's decision for one event, over one open transaction of any backend: reuse the row
- * already held for the message, or write a new one and, for a debit, take the cost off the
+ * The ledger's decision for one event, inside the gate's transaction on any backend: reuse the
+ * row already held for the message, or write a new one and, for a debit, take the cost off the
  * balance only if the balance covers it.
  *
  * `Tx` provides `open_account`, `insert_debit`, `find_debit`, `take_balance`, `insert_inbox` and
- * `find_inbox` (see the SQLite and PostgreSQL ledgers). The caller commits the transaction when
- * the result is an entry and rolls it back otherwise, so a refused debit writes nothing.
+ * `find_inbox` (see the SQLite and PostgreSQL ledgers). A refusal may leave part of that work
+ * written (the account opened, the debit row inserted): the caller runs this under a savepoint
+ * and rolls back to it on a refusal, so that a refused event writes nothing on the ledger while
+ * the log still commits the refusal.
  */
 template <class Tx>
-idemgate::ClaimResult<Entry> claim_entry(Tx& tx, const Event& event, const idemgate::Key& key,
-                                         std::int64_t initial_balance_cents) {
+Decision claim_entry(Tx& tx, const Event& event, const idemgate::Key& key,
+                     std::int64_t initial_balance_cents) {
   tx.open_account(event.account, initial_balance_cents);
   const Entry::Kind kind = event.debits() ? Entry::Kind::debit : Entry::Kind::inbox;
   const std::optional<std::int64_t> written =
       event.debits() ? tx.insert_debit(event, key) : tx.insert_inbox(event, key);
   if (written) {
     if (event.debits() && !tx.take_balance(event.account, event.cost_cents))
-      return idemgate::PermanentFailure{std::string(refusal::insufficient_balance)};
+      return Refusal::insufficient_balance;
     return Entry{kind, *written, false};
   }
   // The unique message id stopped the insert: the row is there (committed, or this statement
@@ -373,8 +415,10 @@ idemgate::ClaimResult<Entry> claim_entry(Tx& tx, const Event& event, const idemg
   const HeldRow held =
       event.debits() ? tx.find_debit(event.message_id, key) : tx.find_inbox(event.message_id, key);
   if (held.account != event.account || (event.debits() && held.cost_cents != event.cost_cents))
-    return idemgate::PermanentFailure{std::string(refusal::message_conflict)};
-  // Under the event's own key the row is this event's work (a retried claim), not a reuse.
+    return Refusal::message_conflict;
+  // Under the event's own key the row is this event's own work, not a reuse. A row commits with
+  // its key, so that is only ever a row whose log row was left in flight by an ordinary `Gate`
+  // of the same name, which the gate takes over.
   return Entry{kind, held.id, !held.same_key};
 }
 
@@ -382,9 +426,10 @@ idemgate::ClaimResult<Entry> claim_entry(Tx& tx, const Event& event, const idemg
 struct LedgerConfig {
   /// The balance an account starts with on first use (USD 20 by default).
   std::int64_t initial_balance_cents = 2000;
-  /// Testing only: the process exits right after the ledger committed the row for this message
-  /// id, before the gate's commit (a crash the reconciler must finish). Empty: never.
-  std::string exit_after_write;
+  /// Testing only: the process exits inside the event's transaction for this message id, after
+  /// the ledger row and the event record are written and before the commit (a crash that must
+  /// leave nothing behind). Empty: never.
+  std::string exit_before_commit;
 };
 
 /// What the server answers for one event that passed the signed edge and the contract.
@@ -395,7 +440,7 @@ enum class Answer {
   insufficient_balance,  ///< Refused for good (stored: replays get it again); nothing charged.
   message_conflict,      ///< The message id is on the ledger for another account or cost.
   event_conflict,        ///< The event id was first used with a different body.
-  in_flight,             ///< Another delivery of this event is still being processed.
+  in_flight,             ///< A concurrent delivery of this event holds it; retry shortly.
   unavailable,           ///< The database failed; nothing is settled. Retry later.
   escalated,             ///< Parked for a human (never happens: the ledger honours keys).
 };
@@ -425,32 +470,31 @@ enum class Answer {
 
 /// Tuning of a `PrepaidLedger`.
 struct LedgerOptions {
-  /// How long one delivery holds an event; a delivery after that takes it over.
-  std::chrono::milliseconds lease = std::chrono::seconds(30);
-  /// Time between reconciler passes; rows stranded for a lease are finished by the next one.
-  std::chrono::milliseconds reconcile_interval = std::chrono::seconds(10);
-  /// How long a delivery waits for a concurrent delivery of the same event to finish before it
-  /// answers `in_flight` (the sender then retries).
-  std::chrono::milliseconds in_flight_wait = std::chrono::seconds(3);
+  /// How long a delivery waits for a concurrent delivery of the same event whose transaction
+  /// holds its key, before it answers `in_flight` (the sender then retries): on PostgreSQL the
+  /// transaction's lock timeout (`TransactionGateOptions::lock_timeout`), which also bounds the
+  /// ledger's waits for a message row or an account row. SQLite waits up to the store's busy
+  /// timeout instead.
+  std::chrono::milliseconds lock_timeout = std::chrono::seconds(3);
 };
 
-/// The gate's business write: records the event beside the ledger row it points at.
+/// The gate's write: the ledger's whole effect for one event, in the gate's transaction.
 template <ledger_policy L>
-struct RecordEvent {
+struct WriteEvent {
   /// The ledger whose tables are written.
   L* target;
-  /// Runs in the gate's commit transaction.
-  void operator()(typename L::store_type::transaction& tx, const Event& event,
-                  const Entry& entry) const {
-    target->record(tx, event, entry);
+  /// Runs in the transaction that reserved `key`; its decision is stored with the key.
+  Decision operator()(typename L::store_type::transaction& tx, const idemgate::Key& key,
+                      const Event& event) const {
+    return target->write(tx, key, event);
   }
 };
 
 /**
  * The prepaid ledger behind the gate: turns one verified event into an `Answer`, exactly once.
  *
- * Runs a reconciler in the background that finishes events whose delivery died between the
- * ledger's write and the gate's commit. Thread-safe.
+ * Each event is one transaction of the store (`TransactionGate`): nothing runs in the background
+ * and nothing is left in flight. Thread-safe.
  *
  * Example:
  *   prepaid::PrepaidLedger service{store, ledger};
@@ -460,90 +504,80 @@ struct RecordEvent {
 template <ledger_policy L>
 class PrepaidLedger {
  public:
-  /// The idempotency log's store.
+  /// The idempotency log's store, whose database holds the ledger.
   using store_type = typename L::store_type;
-  /// The gate over the store and the ledger.
-  using gate_type = idemgate::Gate<store_type, L, RecordEvent<L>>;
+  /// The gate over the store, running the ledger's write.
+  using gate_type = idemgate::TransactionGate<store_type, Event, Decision, WriteEvent<L>>;
 
-  /// Wires the gate and starts the reconciler.
+  /// Wires the gate to the ledger.
   PrepaidLedger(store_type& store, L& backend, LedgerOptions options = {})
       : ledger_(backend),
-        options_(options),
-        gate_(gate_name, store, backend, RecordEvent<L>{&backend},
-              idemgate::GateOptions{.lease = options.lease}),
-        reconciler_(gate_, idemgate::ReconcilerOptions{.interval = options.reconcile_interval,
-                                                       .stale_after = options.lease}) {
-    reconciler_.start();
-  }
+        gate_(gate_name, store, WriteEvent<L>{&backend},
+              idemgate::TransactionGateOptions{.lock_timeout = options.lock_timeout}) {}
 
   PrepaidLedger(const PrepaidLedger&) = delete;
   PrepaidLedger& operator=(const PrepaidLedger&) = delete;
-  ~PrepaidLedger() { reconciler_.stop(); }
 
   /// Processes one delivery of `event` under `key`. Throws `idemgate::RequestError` for an event
   /// too large to store; a database failure is answered `unavailable`.
   Answer handle(const idemgate::Key& key, const Event& event) {
-    auto pause = std::chrono::milliseconds(2);
-    const auto deadline = std::chrono::steady_clock::now() + options_.in_flight_wait;
-    for (;;) {
-      Answer answer = Answer::unavailable;
-      try {
-        answer = answer_for(gate_.process(key, event));
-      } catch (const idemgate::RequestError&) {
-        throw;
-      } catch (const std::exception&) {
-        // The store or the business write failed: the row, if any, stays in flight, and the
-        // sender's retry or the reconciler finishes it.
-        answer = Answer::unavailable;
-      }
-      // A concurrent delivery holds the event: its answer is moments away, and it is the
-      // answer this delivery must give too (a stored 402 is not a success).
-      if (answer != Answer::in_flight || std::chrono::steady_clock::now() >= deadline) {
-        count(answer);
-        return answer;
-      }
-      if (pause == std::chrono::milliseconds(2)) ++waited_;
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(100));
+    Answer answer = Answer::unavailable;
+    try {
+      answer = answer_for(gate_.process(key, event));
+    } catch (const idemgate::RequestError&) {
+      throw;
+    } catch (const std::exception&) {
+      // The store or the ledger failed: the event's transaction rolled back and nothing of it
+      // was written. The sender's retry runs it again.
+      answer = Answer::unavailable;
     }
+    count(answer);
+    return answer;
   }
 
   /// The account, or nullopt when it was never used.
   std::optional<Account> account(std::string_view id) { return ledger_.account(id); }
 
-  /// How often each answer was given since start, by name, and how many deliveries waited for
-  /// a concurrent delivery of the same event (`waited_in_flight`).
+  /// How often each answer was given since start, by name.
   [[nodiscard]] std::vector<std::pair<std::string_view, std::uint64_t>> counts() const {
     std::vector<std::pair<std::string_view, std::uint64_t>> out;
     for (std::size_t i = 0; i < counts_.size(); ++i)
       out.emplace_back(to_string(static_cast<Answer>(i)), counts_[i].load());
-    out.emplace_back("waited_in_flight", waited_.load());
     return out;
   }
 
-  /// The latest reconciler pass.
-  [[nodiscard]] idemgate::ReconcileReport last_reconcile() const {
-    return reconciler_.last_report();
+ private:
+  static Answer answer_for(Refusal refusal) {
+    return refusal == Refusal::insufficient_balance ? Answer::insufficient_balance
+                                                    : Answer::message_conflict;
   }
 
- private:
   static Answer answer_for(const typename gate_type::result_type& result) {
     switch (result.status()) {
       case idemgate::Status::processed:
-        return result.outcome().reused ? Answer::duplicate : Answer::accepted;
-      case idemgate::Status::duplicate:
-        return Answer::duplicate;
+      case idemgate::Status::duplicate: {
+        // A stored refusal is the event's answer however often it comes back.
+        if (const auto* refused = std::get_if<Refusal>(&result.outcome()))
+          return answer_for(*refused);
+        const bool reused = std::get<Entry>(result.outcome()).reused;
+        return result.status() == idemgate::Status::processed && !reused ? Answer::accepted
+                                                                         : Answer::duplicate;
+      }
       case idemgate::Status::failed:
-        if (result.reason() == refusal::insufficient_balance) return Answer::insufficient_balance;
-        if (result.reason() == refusal::message_conflict) return Answer::message_conflict;
+        // A refusal stored as a failure (by an ordinary `Gate` of the same name).
+        if (result.reason() == to_string(Refusal::insufficient_balance))
+          return Answer::insufficient_balance;
+        if (result.reason() == to_string(Refusal::message_conflict))
+          return Answer::message_conflict;
         return Answer::unavailable;
       case idemgate::Status::conflict:
         return Answer::event_conflict;
+      case idemgate::Status::retry:
+        // A concurrent delivery of the event held its key past the lock timeout: its answer is
+        // not known yet, and nothing was written.
       case idemgate::Status::in_flight:
       case idemgate::Status::lost_lease:
         return Answer::in_flight;
-      case idemgate::Status::retry:
-        return Answer::unavailable;
       case idemgate::Status::escalated:
         return Answer::escalated;
     }
@@ -553,11 +587,8 @@ class PrepaidLedger {
   void count(Answer answer) { ++counts_[static_cast<std::size_t>(answer)]; }
 
   L& ledger_;
-  LedgerOptions options_;
   gate_type gate_;
-  idemgate::Reconciler<store_type, L, RecordEvent<L>> reconciler_;
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Answer::escalated) + 1> counts_{};
-  std::atomic<std::uint64_t> waited_{0};
 };
 
 }  // namespace prepaid

@@ -30,12 +30,14 @@ namespace {
 constexpr const char* usage =
     "usage: prepaid_ledger --secret whsec_... [--port P] [--store sqlite:PATH | --store "
     "postgresql://...]\n"
-    "                      [--initial-balance-cents N] [--lease-ms N] [--reconcile-interval-ms N]\n"
+    "                      [--initial-balance-cents N] [--lock-timeout-ms N]\n"
     "\n"
     "Serves POST /webhooks (Standard Webhooks-signed message.sent / message.received events) on\n"
     "127.0.0.1. --port 0 (the default) picks a free port; the first line on stdout is\n"
     "\"listening on 127.0.0.1:<port>\". The default store is SQLite in a new temporary\n"
-    "directory; the default balance of a new account is 2000 cents.\n"
+    "directory; the default balance of a new account is 2000 cents. On PostgreSQL an event's\n"
+    "transaction waits up to --lock-timeout-ms (3000) for a lock another one holds (for a\n"
+    "concurrent delivery of the same event: then it answers 409 in_flight).\n"
     "GET /accounts/{account} and GET /stats answer only with \"Authorization: Bearer <token>\",\n"
     "where the token (at least 16 characters) is the environment variable\n"
     "PREPAID_LEDGER_ADMIN_TOKEN; without it they answer 404.\n";
@@ -84,13 +86,11 @@ Options parse(int argc, char** argv) {
       o.store = value;
     } else if (flag == "--initial-balance-cents") {
       o.config.initial_balance_cents = number(flag, value, 0, std::int64_t{1} << 52);
-    } else if (flag == "--lease-ms") {
-      o.ledger.lease = std::chrono::milliseconds(number(flag, value, 100, 86'400'000));
-    } else if (flag == "--reconcile-interval-ms") {
-      o.ledger.reconcile_interval = std::chrono::milliseconds(number(flag, value, 10, 3'600'000));
-    } else if (flag == "--exit-after-write") {
-      // Testing only: simulates a crash between the ledger's write and the gate's commit.
-      o.config.exit_after_write = value;
+    } else if (flag == "--lock-timeout-ms") {
+      o.ledger.lock_timeout = std::chrono::milliseconds(number(flag, value, 1, 3'600'000));
+    } else if (flag == "--exit-before-commit") {
+      // Testing only: simulates a crash inside an event's transaction, before its commit.
+      o.config.exit_before_commit = value;
     } else {
       throw UsageError("unknown option " + std::string(flag));
     }

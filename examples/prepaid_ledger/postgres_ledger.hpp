@@ -1,8 +1,8 @@
 #pragma once
 
-/// The ledger on PostgreSQL: its tables live in the store's database and it borrows the store's
-/// connection pool, so the gate's business write (the event record) commits together with the
-/// event's outcome.
+/// The ledger on PostgreSQL: its tables live in the store's database, and every event's rows are
+/// written in the gate's transaction on the store's connection, so they commit together with the
+/// event's outcome or not at all.
 
 #include "ledger.hpp"
 
@@ -15,14 +15,16 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 
 namespace prepaid {
 
 /**
- * The prepaid ledger on PostgreSQL, the gate's downstream. Each claim is one READ COMMITTED
- * transaction: the unique message id makes a concurrent claim for the same message wait for the
- * first one and then reuse its row, and the conditional balance update locks the account row, so
- * concurrent debits of one account never overdraw it.
+ * The prepaid ledger on PostgreSQL. Each event's rows are written in the gate's READ COMMITTED
+ * transaction: the unique message id makes a concurrent event for the same message wait for the
+ * first one's transaction and then reuse its row, and the conditional balance update locks the
+ * account row, so concurrent debits of one account never overdraw it. It borrows the store's
+ * connection pool to create its tables and read accounts back.
  *
  * Example:
  *   idemgate::PostgresStore store{uri, {.pool_size = 8}};
@@ -32,14 +34,8 @@ namespace prepaid {
  */
 class PostgresLedger {
  public:
-  /// The store whose transaction runs the business write.
+  /// The store whose transaction writes the ledger's rows.
   using store_type = idemgate::PostgresStore;
-  /// What the gate passes on.
-  using request_type = Event;
-  /// What the gate stores.
-  using outcome_type = Entry;
-  /// A claim repeated under a key (or for a message) returns the row written the first time.
-  static constexpr bool honours_idempotency_key = true;
 
   /// A ledger that borrows `store`'s connections.
   explicit PostgresLedger(idemgate::PostgresStore& store, LedgerConfig config = {})
@@ -91,54 +87,23 @@ CREATE INDEX IF NOT EXISTS prepaid_events_account ON prepaid_events (account, re
     tx.commit();
   }
 
-  /// Writes or reuses the event's row in one transaction (see `claim_entry`).
-  idemgate::ClaimResult<Entry> claim(const Event& event, const idemgate::Key& key) {
-    auto lease = store_.connection();
-    try {
-      pqxx::work work(lease.connection());
-      Tx tx{work, idemgate::detail::pq::bytea_param(key.view())};
-      idemgate::ClaimResult<Entry> result =
-          claim_entry(tx, event, key, config_.initial_balance_cents);
-      if (!result.ok()) return result;  // the transaction rolls back: a refusal writes nothing
-      work.commit();
-      if (event.message_id == config_.exit_after_write) std::_Exit(3);
-      return result;
-    } catch (const pqxx::broken_connection&) {
-      lease.mark_broken();
-      throw;
-    }
-  }
-
-  /// The row the event with `key` wrote, if it wrote one.
-  idemgate::LookupResult<Entry> lookup(const idemgate::Key& key) {
-    const std::string key_param = idemgate::detail::pq::bytea_param(key.view());
-    auto lease = store_.connection();
-    try {
-      pqxx::nontransaction tx(lease.connection());
-      const pqxx::result rows = idemgate::detail::pq::exec_params(
-          tx,
-          "SELECT 'debit', debit_id FROM prepaid_debits WHERE idem_key = $1::bytea"
-          " UNION ALL SELECT 'inbox', inbox_id FROM prepaid_inbox WHERE idem_key = $1::bytea",
-          key_param);
-      if (rows.empty()) return idemgate::NotFound{};
-      const bool debit = idemgate::detail::pq::text_field(rows[0][0]) == "debit";
-      return Entry{debit ? Entry::Kind::debit : Entry::Kind::inbox,
-                   idemgate::detail::pq::int_field(rows[0][1]), false};
-    } catch (const pqxx::broken_connection&) {
-      lease.mark_broken();
-      throw;
-    }
-  }
-
-  /// The business write: the event beside the ledger row it points at.
-  void record(pqxx::work& tx, const Event& event, const Entry& entry) {
-    idemgate::detail::pq::exec_params(
-        tx,
-        "INSERT INTO prepaid_events (event_id, account, kind, entry_id, message_id, reused)"
-        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
-        event.event_id, event.account,
-        std::string(entry.kind == Entry::Kind::debit ? "debit" : "inbox"), entry.id,
-        event.message_id, entry.reused);
+  /**
+   * The event's whole effect, in the gate's transaction: the ledger's decision (see
+   * `claim_entry`) under a savepoint, rolled back to on a refusal so that a refused event writes
+   * nothing on the ledger, then the event's record beside the row it points at. The gate stores
+   * the decision with the key and commits them all at once.
+   */
+  Decision write(pqxx::work& work, const idemgate::Key& key, const Event& event) {
+    namespace pq = idemgate::detail::pq;
+    pq::exec(work, "SAVEPOINT prepaid_claim");
+    Tx claim{work, pq::bytea_param(key.view())};
+    const Decision decision = claim_entry(claim, event, key, config_.initial_balance_cents);
+    if (std::holds_alternative<Refusal>(decision))
+      pq::exec(work, "ROLLBACK TO SAVEPOINT prepaid_claim");
+    pq::exec(work, "RELEASE SAVEPOINT prepaid_claim");
+    if (const auto* entry = std::get_if<Entry>(&decision)) record(work, event, *entry);
+    if (event.message_id == config_.exit_before_commit) std::_Exit(3);
+    return decision;
   }
 
   /// The account with its rows, read in one snapshot; nullopt when it was never used.
@@ -184,7 +149,18 @@ CREATE INDEX IF NOT EXISTS prepaid_events_account ON prepaid_events (account, re
   }
 
  private:
-  // The operations `claim_entry` needs, inside the open transaction.
+  // The event record: which ledger row the event points at.
+  static void record(pqxx::work& tx, const Event& event, const Entry& entry) {
+    idemgate::detail::pq::exec_params(
+        tx,
+        "INSERT INTO prepaid_events (event_id, account, kind, entry_id, message_id, reused)"
+        " VALUES ($1, $2, $3, $4, $5, $6)",
+        event.event_id, event.account,
+        std::string(entry.kind == Entry::Kind::debit ? "debit" : "inbox"), entry.id,
+        event.message_id, entry.reused);
+  }
+
+  // The operations `claim_entry` needs, inside the gate's transaction.
   struct Tx {
     pqxx::work& work;
     std::string key;  // the event's key as a bytea parameter

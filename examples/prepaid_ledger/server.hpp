@@ -235,15 +235,10 @@ class Server {
     }
   }
 
-  /// `GET /stats`: the answers given since start, and the latest reconciler pass.
+  /// `GET /stats`: the answers given since start.
   Reply stats() {
     json::Json out = json::Json::object();
     for (const auto& [name, count] : service_.counts()) out[name] = count;
-    const idemgate::ReconcileReport report = service_.last_reconcile();
-    out["last_reconcile"] = {{"taken", report.taken},
-                             {"found", report.found},
-                             {"reclaimed", report.reclaimed},
-                             {"errors", report.errors}};
     return {200, out.dump()};
   }
 

@@ -1,7 +1,8 @@
 #pragma once
 
-/// The ledger on SQLite: its tables live in the same file as the idempotency log, so the gate's
-/// business write (the event record) commits together with the event's outcome.
+/// The ledger on SQLite: its tables live in the same file as the idempotency log, and every
+/// event's rows are written on the store's connection in the gate's transaction, so they commit
+/// together with the event's outcome or not at all.
 
 #include "ledger.hpp"
 
@@ -20,12 +21,14 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
 
 namespace prepaid {
 
 namespace detail {
 
-/// The ledger's own connection to the database file: a few statements, nothing more.
+/// A few statements on one SQLite connection, nothing more: the ledger's own connection (which
+/// creates the tables and reads accounts back), or the store's inside the gate's transaction.
 class SqliteDb {
  public:
   /// One row of a query's result.
@@ -46,24 +49,24 @@ class SqliteDb {
     sqlite3_stmt* statement_;
   };
 
-  /// Opens `path` (created by the store already) with a busy timeout.
+  /// Opens a connection of its own to `path` (created by the store already) with a busy
+  /// timeout.
   SqliteDb(const std::string& path, std::chrono::milliseconds busy_timeout) {
     sqlite3* raw = nullptr;
     const int code = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr);
-    db_.reset(raw);
+    owned_.reset(raw);
+    db_ = raw;
     if (code != SQLITE_OK) fail(code, "opening " + path);
-    sqlite3_busy_timeout(db_.get(), static_cast<int>(busy_timeout.count()));
-    // NORMAL saves one fsync per claim and loses nothing acknowledged: in WAL mode the gate's
-    // commit, which the store syncs (FULL), syncs every frame before it, this claim's included.
-    // A power cut before that loses the claim and leaves the event in flight; the redelivery or
-    // the reconciler claims it again.
-    run_script("PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;");
+    sqlite3_busy_timeout(db_, static_cast<int>(busy_timeout.count()));
   }
+
+  /// Runs statements on `db`, a connection someone else owns (the store's `tx.db()`).
+  explicit SqliteDb(sqlite3* db) noexcept : db_(db) {}
 
   /// Runs several statements without parameters.
   void run_script(const std::string& sql) {
     char* error = nullptr;
-    const int code = sqlite3_exec(db_.get(), sql.c_str(), nullptr, nullptr, &error);
+    const int code = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error);
     sqlite3_free(error);
     if (code != SQLITE_OK) fail(code, "running " + sql);
   }
@@ -72,8 +75,7 @@ class SqliteDb {
   template <class OnRow, class... Args>
   void query(std::string_view sql, OnRow&& on_row, const Args&... args) {
     sqlite3_stmt* raw = nullptr;
-    int code =
-        sqlite3_prepare_v2(db_.get(), sql.data(), static_cast<int>(sql.size()), &raw, nullptr);
+    int code = sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &raw, nullptr);
     const std::unique_ptr<sqlite3_stmt, decltype(&sqlite3_finalize)> statement(raw,
                                                                                sqlite3_finalize);
     if (code != SQLITE_OK) fail(code, "preparing " + std::string(sql));
@@ -81,14 +83,6 @@ class SqliteDb {
     (bind(raw, ++index, args), ...);
     while ((code = sqlite3_step(raw)) == SQLITE_ROW) on_row(Row(raw));
     if (code != SQLITE_DONE) fail(code, "running " + std::string(sql));
-  }
-
-  /// Runs one statement; the rows it changed.
-  template <class... Args>
-  std::int64_t exec(std::string_view sql, const Args&... args) {
-    query(
-        sql, [](const Row&) {}, args...);
-    return sqlite3_changes64(db_.get());
   }
 
   /// The first column of the first row, if any.
@@ -106,8 +100,7 @@ class SqliteDb {
 
   /// Rolls back an open transaction, if any; never throws.
   void rollback() noexcept {
-    if (sqlite3_get_autocommit(db_.get()) == 0)
-      sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+    if (sqlite3_get_autocommit(db_) == 0) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
   }
 
  private:
@@ -133,18 +126,19 @@ class SqliteDb {
 
   [[noreturn]] void fail(int code, const std::string& doing) const {
     throw idemgate::StoreError("prepaid: SQLite failed while " + doing + ": " +
-                               (db_ ? sqlite3_errmsg(db_.get()) : sqlite3_errstr(code)));
+                               (db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(code)));
   }
 
-  std::unique_ptr<sqlite3, Closer> db_;
+  std::unique_ptr<sqlite3, Closer> owned_;  // empty for a connection someone else owns
+  sqlite3* db_ = nullptr;
 };
 
 }  // namespace detail
 
 /**
- * The prepaid ledger on SQLite, the gate's downstream. Its own connection to the store's file
- * writes the ledger rows (one `BEGIN IMMEDIATE` transaction per claim, so SQLite's single writer
- * lock orders concurrent claims); the store's transaction writes the event records.
+ * The prepaid ledger on SQLite. Each event's rows are written on the store's connection, in the
+ * gate's `BEGIN IMMEDIATE` transaction (SQLite's single writer lock orders concurrent events);
+ * the ledger's own connection to the file creates the tables and reads accounts back.
  *
  * Example:
  *   idemgate::SqliteStore store{path};
@@ -154,14 +148,8 @@ class SqliteDb {
  */
 class SqliteLedger {
  public:
-  /// The store whose transaction runs the business write.
+  /// The store whose transaction writes the ledger's rows.
   using store_type = idemgate::SqliteStore;
-  /// What the gate passes on.
-  using request_type = Event;
-  /// What the gate stores.
-  using outcome_type = Entry;
-  /// A claim repeated under a key (or for a message) returns the row written the first time.
-  static constexpr bool honours_idempotency_key = true;
 
   /// Opens the ledger's connection to the database file at `path`.
   explicit SqliteLedger(const std::string& path, LedgerConfig config = {})
@@ -207,40 +195,21 @@ CREATE INDEX IF NOT EXISTS prepaid_events_account ON prepaid_events (account);
     db_.run_script("BEGIN IMMEDIATE;" + schema_sql() + "COMMIT;");
   }
 
-  /// Writes or reuses the event's row in one transaction (see `claim_entry`).
-  idemgate::ClaimResult<Entry> claim(const Event& event, const idemgate::Key& key) {
-    std::lock_guard lock(mutex_);
-    try {
-      db_.run_script("BEGIN IMMEDIATE");
-      Tx tx{db_};
-      idemgate::ClaimResult<Entry> result =
-          claim_entry(tx, event, key, config_.initial_balance_cents);
-      db_.run_script(result.ok() ? "COMMIT" : "ROLLBACK");
-      if (result.ok() && event.message_id == config_.exit_after_write) std::_Exit(3);
-      return result;
-    } catch (...) {
-      db_.rollback();
-      throw;
-    }
-  }
-
-  /// The row the event with `key` wrote, if it wrote one.
-  idemgate::LookupResult<Entry> lookup(const idemgate::Key& key) {
-    std::lock_guard lock(mutex_);
-    if (auto id = db_.integer("SELECT debit_id FROM prepaid_debits WHERE idem_key = ?", key))
-      return Entry{Entry::Kind::debit, *id, false};
-    if (auto id = db_.integer("SELECT inbox_id FROM prepaid_inbox WHERE idem_key = ?", key))
-      return Entry{Entry::Kind::inbox, *id, false};
-    return idemgate::NotFound{};
-  }
-
-  /// The business write: the event beside the ledger row it points at.
-  void record(idemgate::SqliteTransaction& tx, const Event& event, const Entry& entry) {
-    tx.exec(
-        "INSERT INTO prepaid_events (event_id, account, kind, entry_id, message_id, reused)"
-        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
-        event.event_id, event.account, entry.kind == Entry::Kind::debit ? "debit" : "inbox",
-        entry.id, event.message_id, entry.reused);
+  /**
+   * The event's whole effect, in the gate's transaction on the store's connection: the ledger's
+   * decision (see `claim_entry`) under a savepoint, rolled back to on a refusal so that a refused
+   * event writes nothing on the ledger, then the event's record beside the row it points at.
+   * The gate stores the decision with the key and commits them all at once.
+   */
+  Decision write(idemgate::SqliteTransaction& tx, const idemgate::Key& key, const Event& event) {
+    tx.exec("SAVEPOINT prepaid_claim");
+    Tx claim{tx, detail::SqliteDb(tx.db())};
+    const Decision decision = claim_entry(claim, event, key, config_.initial_balance_cents);
+    if (std::holds_alternative<Refusal>(decision)) tx.exec("ROLLBACK TO prepaid_claim");
+    tx.exec("RELEASE prepaid_claim");
+    if (const auto* entry = std::get_if<Entry>(&decision)) record(tx, event, *entry);
+    if (event.message_id == config_.exit_before_commit) std::_Exit(3);
+    return decision;
   }
 
   /// The account with its rows, read in one snapshot; nullopt when it was never used.
@@ -258,12 +227,23 @@ CREATE INDEX IF NOT EXISTS prepaid_events_account ON prepaid_events (account);
   }
 
  private:
-  // The operations `claim_entry` needs, inside the open transaction.
+  // The event record: which ledger row the event points at.
+  static void record(idemgate::SqliteTransaction& tx, const Event& event, const Entry& entry) {
+    tx.exec(
+        "INSERT INTO prepaid_events (event_id, account, kind, entry_id, message_id, reused)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        event.event_id, event.account, entry.kind == Entry::Kind::debit ? "debit" : "inbox",
+        entry.id, event.message_id, entry.reused);
+  }
+
+  // The operations `claim_entry` needs, inside the gate's transaction: plain writes through the
+  // store's `exec`, statements that return rows on the same connection.
   struct Tx {
-    detail::SqliteDb& db;
+    idemgate::SqliteTransaction& tx;
+    detail::SqliteDb db;
 
     void open_account(const std::string& account, std::int64_t balance) {
-      db.exec(
+      tx.exec(
           "INSERT INTO prepaid_accounts (account, balance_cents) VALUES (?, ?)"
           " ON CONFLICT (account) DO NOTHING",
           account, balance);
@@ -275,7 +255,7 @@ CREATE INDEX IF NOT EXISTS prepaid_events_account ON prepaid_events (account);
           e.message_id, e.account, e.cost_cents, e.event_id, key);
     }
     bool take_balance(const std::string& account, std::int64_t cost) {
-      return db.exec(
+      return tx.exec(
                  "UPDATE prepaid_accounts SET balance_cents = balance_cents - ?2"
                  " WHERE account = ?1 AND balance_cents >= ?2",
                  account, cost) == 1;

@@ -65,6 +65,15 @@ concept store = std::copy_constructible<S> &&
   { s.resolve(key, bytes, write) } -> std::same_as<bool>;
 };
 
+/// Concept: a store that runs one event as one transaction (`commit_once`): the reservation, the
+/// business write and the committed row together, for `TransactionGate`.
+template <class S>
+concept one_transaction_store = store<S> &&
+    requires(S& s, const Key& key, const Fingerprint& fingerprint, std::string_view bytes,
+             std::chrono::milliseconds wait, std::string (*produce)(typename S::transaction&)) {
+  { s.commit_once(key, fingerprint, bytes, bytes, wait, produce) } -> std::same_as<OnceResult>;
+};
+
 /// Concept: a store that keeps why an attempt gave its event back (`release` with a reason); the
 /// reconciler shows that reason when it gives up on the event.
 template <class S>

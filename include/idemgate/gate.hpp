@@ -4,6 +4,7 @@
 
 #include "batch.hpp"
 #include "concepts.hpp"
+#include "detail/answers.hpp"
 #include "detail/attempts.hpp"
 #include "detail/coalescer.hpp"
 #include "detail/crypto/sha256.hpp"
@@ -553,19 +554,8 @@ class Gate {
 
   /// Encodes a request as the store keeps it; throws `RequestError` when it cannot.
   [[nodiscard]] std::string encode_request(const request_type& request) const {
-    std::string bytes;
-    try {
-      codec<request_type>::encode(request, bytes);
-    } catch (const std::exception& e) {
-      throw RequestError(std::string("idemgate: the request could not be encoded (") + e.what() +
-                         "); nothing was reserved. Fix the request or its codec.");
-    }
-    if (bytes.size() > options_.max_request_bytes)
-      throw RequestError("idemgate: the encoded request is " + std::to_string(bytes.size()) +
-                         " bytes, over the limit of " + std::to_string(options_.max_request_bytes) +
-                         "; nothing was reserved. Send a smaller request or raise "
-                         "GateOptions::max_request_bytes.");
-    return bytes;
+    return detail::encode_request(request, options_.max_request_bytes,
+                                  "GateOptions::max_request_bytes");
   }
 
   /// Decodes a stored request; throws `CodecError` when the bytes do not decode.
@@ -1122,30 +1112,7 @@ class Gate {
   }
 
   result_type answer_existing(const Reservation& found) const {
-    if (!found.same_request)
-      return result_type::because(
-          Status::conflict,
-          "this key was first used with a different request; the key derivation "
-          "is not stable or two events share a key");
-    switch (found.status) {
-      case RecordStatus::committed: {
-        return result_type::with(Status::duplicate, codec<outcome_type>::decode(found.result));
-      }
-      case RecordStatus::failed:
-        return result_type::because(Status::failed, found.reason);
-      case RecordStatus::escalated:
-        return result_type::because(Status::escalated, found.reason);
-      case RecordStatus::in_flight:
-        if (found.held)
-          return result_type::because(
-              Status::retry,
-              "the key is held for the back-off after a transient failure (GateOptions::"
-              "retry_backoff); nothing was called. Do not ack: a redelivery after the hold "
-              "takes the event over");
-        break;
-    }
-    return result_type::because(Status::in_flight,
-                                "another worker holds this key under a live lease");
+    return detail::answer_existing<outcome_type>(found);
   }
 
   static result_type lost_lease_result() {

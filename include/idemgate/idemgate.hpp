@@ -14,4 +14,5 @@
 #include "key.hpp"
 #include "outcome.hpp"
 #include "record.hpp"
+#include "transaction_gate.hpp"
 #include "version.hpp"

@@ -108,6 +108,39 @@ struct Reservation {
   }
 };
 
+/// What one event run as one transaction (`commit_once`, `TransactionGate`) came to.
+struct OnceResult {
+  /// How it went.
+  enum class Kind {
+    committed,  ///< The key was new (or stranded): the business write and its row committed.
+    existing,   ///< The key was taken: nothing was written; `found` holds what is stored.
+    busy,       ///< Another transaction held the key uncommitted past the wait: nothing written.
+  };
+  /// How it went.
+  Kind kind = Kind::busy;
+  /// The business write's outcome bytes, as stored (committed).
+  std::string result;
+  /// What the log holds (existing).
+  Reservation found;
+
+  /// The event committed with `result`.
+  [[nodiscard]] static OnceResult committed(std::string result) {
+    OnceResult r;
+    r.kind = Kind::committed;
+    r.result = std::move(result);
+    return r;
+  }
+  /// The key was taken: `found` says by what.
+  [[nodiscard]] static OnceResult existing(Reservation found) {
+    OnceResult r;
+    r.kind = Kind::existing;
+    r.found = std::move(found);
+    return r;
+  }
+  /// A concurrent transaction held the key past the wait.
+  [[nodiscard]] static OnceResult busy() { return {}; }
+};
+
 /// How a fenced write went.
 enum class CommitStatus {
   committed,   ///< The status changed; with `commit`, the business write is committed with it.

@@ -2,7 +2,8 @@
 // at the fault point it is given, announces "FAULT_POINT <name>" on stdout and waits to be
 // killed. Usage:
 //   fault_consumer URI LOG BOOKINGS TERMINAL FAULT_POINT NOTIFICATION_ID CONTAINER
-// FAULT_POINT: before_claim | after_claim | before_commit | none
+// FAULT_POINT: before_claim | after_claim | before_commit | none, or one_transaction_mid_write
+// (a TransactionGate that books the slot itself and stops before its transaction commits).
 // The gate's name is IDEMGATE_FAULT_GATE when set (two services on one log), else
 // "ect.claim_slot".
 
@@ -11,10 +12,12 @@
 
 #include <idemgate/gate.hpp>
 #include <idemgate/store/postgres.hpp>
+#include <idemgate/transaction_gate.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -70,6 +73,22 @@ int main(int argc, char** argv) {
                       },
                       {.lease = std::chrono::milliseconds(300)}};
   const auto key = idemgate::derive_key("ect.claim_slot", notification, container);
+  if (fault == "one_transaction_mid_write") {
+    idemgate::TransactionGate<idemgate::PostgresStore, idemgate::test::SlotRequest, std::string,
+                              std::function<std::string(pqxx::work&, const idemgate::Key&,
+                                                        const idemgate::test::SlotRequest&)>>
+        once{gate_name != nullptr ? gate_name : "ect.claim_slot", store,
+             [&](pqxx::work& tx, const idemgate::Key& k, const idemgate::test::SlotRequest& r) {
+               idemgate::detail::pq::exec_params(
+                   tx,
+                   "INSERT INTO " + bookings +
+                       " (container, slot_id, source_event) VALUES ($1, $2, $3::bytea)",
+                   r.container, "own-slot", idemgate::detail::pq::bytea_param(k.view()));
+               announce_and_wait("one_transaction_mid_write");
+               return std::string("own-slot");
+             }};
+    (void)once.process(key, {container, "2025-06-09T07:00"});
+  }
   const auto result = gate.process(key, {container, "2025-06-09T07:00"});
   std::printf("RESULT %s\n", std::string(to_string(result.status())).c_str());
   return 0;

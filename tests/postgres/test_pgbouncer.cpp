@@ -260,6 +260,13 @@ TEST_F(PgBouncerTransactionPooling, EveryCallLeavesNothingInTheSessionOfTheServe
     const Reservation p = store.reserve(parked, fingerprint, request, 1min);
     EXPECT_EQ(store.escalate(parked, p.fence, "no key support"), CommitStatus::committed);
     EXPECT_TRUE(store.resolve(parked, "slot", [](pqxx::work&) {}));
+    // One event in one transaction sets its lock timeout for that transaction alone.
+    const Key once = idemgate::derive_key("pgbouncer session", "one transaction");
+    EXPECT_EQ(store
+                  .commit_once(once, fingerprint, request, "", 250ms,
+                               [](pqxx::work&) { return std::string("slot"); })
+                  .kind,
+              idemgate::OnceResult::Kind::committed);
     store.record_mismatch(committed, "slot", "another slot", "lost_lease");
     EXPECT_EQ(store.mismatches(10).size(), 1u);
     EXPECT_EQ(store.signals(1h).in_flight, 2);

@@ -12,12 +12,14 @@
 #include <idemgate/gate.hpp>
 #include <idemgate/reconciler.hpp>
 #include <idemgate/store/postgres.hpp>
+#include <idemgate/transaction_gate.hpp>
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <set>
@@ -131,6 +133,53 @@ TEST_P(KilledConsumer, ReconcilerFinishesTheEventAfterSigkill) {
 
 INSTANTIATE_TEST_SUITE_P(AtEachFaultPoint, KilledConsumer,
                          ::testing::Values("before_claim", "after_claim", "before_commit"));
+
+// A TransactionGate's consumer killed (SIGKILL) inside its transaction, after its business row:
+// while it lives, a duplicate waits on its uncommitted key and is sent back at the lock timeout;
+// once it dies, the server rolls back the key and the business row together, nothing is left
+// for anyone to finish, and the redelivery runs the event as new.
+TEST_F(PostgresFaults, AOneTransactionConsumerKilledMidTransactionLeavesNothingBehind) {
+  PostgresStore store(uri, {.table = log});
+  store.migrate();
+  idemgate::test::PgTerminal::create(uri, terminal);
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-10", "MSKU7000038");
+  using OnceGate = idemgate::TransactionGate<
+      PostgresStore, SlotRequest, std::string,
+      std::function<std::string(pqxx::work&, const Key&, const SlotRequest&)>>;
+  std::atomic<int> writes{0};
+  const auto once_gate = [&](std::chrono::milliseconds lock_timeout) {
+    return OnceGate("ect.claim_slot", store,
+                    [&](pqxx::work& tx, const Key& k, const SlotRequest& r) {
+                      ++writes;
+                      booking_writer()(tx, k, r, "redelivered-slot");
+                      return std::string("redelivered-slot");
+                    },
+                    {.lock_timeout = lock_timeout});
+  };
+  {
+    idemgate::test::ChildProcess consumer({FAULT_CONSUMER_PATH, uri, log, bookings, terminal,
+                                           "one_transaction_mid_write", "CIS-10", "MSKU7000038"});
+    ASSERT_EQ(consumer.read_line(), "FAULT_POINT one_transaction_mid_write");
+    EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 0) << "an uncommitted key is seen";
+    auto impatient = once_gate(200ms);
+    const auto waited = impatient.process(key, {"MSKU7000038", "2025-06-09T07:00"});
+    EXPECT_EQ(waited.status(), Status::retry) << waited.reason();
+    EXPECT_FALSE(waited.should_ack());
+    consumer.kill_now();
+  }
+  EXPECT_EQ(writes.load(), 0);
+  // The killed backend's transaction ends when the server sees its socket close; a redelivery
+  // waits for that (the default lock timeout), then finds the key free.
+  auto gate = once_gate(std::chrono::seconds(5));
+  const auto redelivered = gate.process(key, {"MSKU7000038", "2025-06-09T07:00"});
+  EXPECT_EQ(redelivered.status(), Status::processed) << redelivered.reason();
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings), 1);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings + " WHERE slot_id = 'own-slot'"), 0)
+      << "the killed transaction's business row survived it";
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + " WHERE status <> 'committed'"), 0);
+  EXPECT_EQ(gate.process(key, {"MSKU7000038", "2025-06-09T07:00"}).status(), Status::duplicate);
+  expect_invariants(uri, log, bookings, 1);
+}
 
 TEST_F(PostgresFaults, TwoReconcilersOverFiveHundredStaleRowsNeverDoubleWork) {
   PostgresStore seed(uri, {.table = log});

@@ -23,6 +23,7 @@
 #include <idemgate/reconciler.hpp>
 #include <idemgate/retention.hpp>
 #include <idemgate/store/postgres.hpp>
+#include <idemgate/transaction_gate.hpp>
 
 #include <cxxabi.h>
 #include <gtest/gtest.h>
@@ -38,6 +39,7 @@
 #include <ostream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <typeinfo>
 #include <vector>
 
@@ -768,6 +770,102 @@ INSTANTIATE_TEST_SUITE_P(
                       Operation::bulk_commit),
     [](const ::testing::TestParamInfo<Operation>& tested) {
       return std::string(operation_names[static_cast<std::size_t>(tested.param)]);
+    });
+
+// One event in one transaction (TransactionGate): the wire breaks at each of its statements. A
+// broken transaction rolled back whole, key included; a COMMIT whose reply was lost is found
+// landed by the next attempt, which neither writes again nor answers "duplicate".
+struct OnceStatement {
+  const char* name;
+  const char* pattern;  // empty: the business write (this test's INSERT)
+};
+
+constexpr std::array<OnceStatement, 4> once_statements = {{
+    {"reservation", "idemgate_reserve_committed"},
+    {"business_write", ""},
+    {"result_update", "EXECUTE idemgate_set_result"},
+    {"commit", "COMMIT"},
+}};
+
+class EveryOnceStatement : public WireFaultTest,
+                           public ::testing::WithParamInterface<std::tuple<OnceStatement, Wire>> {
+ protected:
+  using OnceGate = idemgate::TransactionGate<
+      PostgresStore, SlotRequest, std::string,
+      std::function<std::string(pqxx::work&, const Key&, const SlotRequest&)>>;
+
+  OnceGate once_gate_on(PostgresStore& store) {
+    return OnceGate(gate_name, store, [this](pqxx::work& tx, const Key& key, const SlotRequest& r) {
+      const std::string slot = "slot-" + r.container;
+      writer()(tx, key, r, slot);
+      return slot;
+    });
+  }
+
+  void run_once_statement() {
+    const auto& [at, wire] = GetParam();
+    wire_ = wire;
+    const std::string pattern =
+        *at.pattern != '\0' ? std::string(at.pattern) : "INSERT INTO " + bookings;
+    auto store = proxied_store();
+    auto gate = once_gate_on(*store);
+    expect_final(1, Final::committed);
+    if (wire == Wire::lost_reply || wire == Wire::cut)
+      proxy_->arm(wire == Wire::cut ? Fault::cut : Fault::lose_reply, pattern);
+    const auto result =
+        attempt("TransactionGate::process", [&] { return gate.process(key_of(1), request_of(1)); });
+    expect_wire_was_broken();
+    if (result) {
+      EXPECT_EQ(result->status(), Status::processed)
+          << "the store runs a broken transaction again on a fresh connection (" << result->reason()
+          << ")";
+      EXPECT_EQ(result->outcome(), "slot-" + request_of(1).container);
+      expect_ack_only_if_finished(key_of(1), *result);
+    } else {
+      // Nothing acked: the redelivery, on a healed wire, finds the event committed or absent.
+      proxy_->heal();
+      auto direct = once_gate_on(*direct_);
+      const auto again = direct.process(key_of(1), request_of(1));
+      EXPECT_TRUE(again.status() == Status::processed || again.status() == Status::duplicate)
+          << again.reason();
+    }
+    if (std::string(at.name) == "commit" && wire == Wire::lost_reply) {
+      EXPECT_EQ(business_writes_.load(), 1)
+          << "the business write ran again after its COMMIT had landed unheard";
+    }
+    finish_and_check();
+  }
+};
+
+TEST_P(EveryOnceStatement, KeepsEveryInvariant) {
+  run_once_statement();
+}
+
+// A stranded row taken over in one transaction keeps this call's token: when that COMMIT's reply
+// is lost, the transaction run again finds the row its own and answers processed.
+class OnceTakeover : public EveryOnceStatement {};
+
+TEST_F(OnceTakeover, ACommitReplyLostAfterATakeoverIsAnsweredProcessed) {
+  seed_stranded(1);
+  auto store = proxied_store();
+  auto gate = once_gate_on(*store);
+  expect_final(1, Final::committed);
+  proxy_->arm(Fault::lose_reply, "COMMIT");
+  const auto result = gate.process(key_of(1), request_of(1));
+  EXPECT_TRUE(proxy_->wait_fired(5s));
+  EXPECT_EQ(result.status(), Status::processed) << result.reason();
+  EXPECT_EQ(business_writes_.load(), 1);
+  EXPECT_EQ(direct_->find(key_of(1))->fence, 2);
+  finish_and_check();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    OneTransaction, EveryOnceStatement,
+    ::testing::Combine(::testing::ValuesIn(once_statements),
+                       ::testing::Values(Wire::lost_reply, Wire::cut)),
+    [](const ::testing::TestParamInfo<std::tuple<OnceStatement, Wire>>& tested) {
+      return std::string(std::get<0>(tested.param).name) +
+             (std::get<1>(tested.param) == Wire::cut ? "_cut" : "_lost_reply");
     });
 
 // A reservation whose reply was lost runs again on a fresh connection and finds its own row: it

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -163,6 +165,61 @@ class MemoryStore {
     std::string result = std::forward<Produce>(produce)(tx);
     return commit(key, fence, result,
                   [&](transaction& outer) { outer.effects_ = std::move(tx.effects_); });
+  }
+
+  /**
+   * One event in one transaction (see `PostgresStore::commit_once`): reserves the key, runs
+   * `produce(transaction&)` and commits the row with the string it returns and the effects it
+   * staged; when `produce` throws, nothing is kept. A concurrent call of the same key waits for
+   * the first up to `wait`, then is answered `busy`. Unlike a database, the row shows in flight
+   * to readers for the moment between `produce` and its commit.
+   */
+  template <class Produce>
+  OnceResult commit_once(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                         std::string_view label, std::chrono::milliseconds wait,
+                         Produce&& produce) {
+    const std::pair<std::string, std::string> slot{gate_, std::string(key.view())};
+    {
+      std::unique_lock lock(mutex_);
+      // Another call holds the key in its open transaction: wait for it to end.
+      if (!shared_->open_changed.wait_for(lock, std::max(wait, std::chrono::milliseconds(0)),
+                                          [&] { return !shared_->open.contains(slot); }))
+        return OnceResult::busy();
+      adopt_key(key);
+      if (auto it = rows_.find(key); it != rows_.end()) {
+        Record& row = it->second;
+        const bool same_request = row.fingerprint == fingerprint;
+        if (detail::met(row.status, same_request, row.lease_until >= clock_(), false) !=
+            detail::Met::expired) {
+          ++row.duplicates;
+          Reservation found = Reservation::existing(row.fence, row.status, same_request,
+                                                    row.result.value_or(std::string()), row.reason);
+          found.held =
+              detail::held(row.status, row.lease_until >= clock_(), released_by_this_attempt(row));
+          return OnceResult::existing(std::move(found));
+        }
+      }
+      shared_->open.insert(slot);
+    }
+    struct Close {
+      MemoryStore& store;
+      const std::pair<std::string, std::string>& slot;
+      ~Close() {
+        std::lock_guard lock(store.mutex_);
+        store.shared_->open.erase(slot);
+        store.shared_->open_changed.notify_all();
+      }
+    } close{*this, slot};
+    transaction tx;
+    std::string result = std::forward<Produce>(produce)(tx);
+    const Reservation held = reserve(key, fingerprint, request, std::chrono::hours(24), label);
+    if (held.kind == Reservation::Kind::existing) return OnceResult::existing(held);
+    if (commit(key, held.fence, result, [&](transaction& outer) {
+          outer.effects_ = std::move(tx.effects_);
+        }) != CommitStatus::committed)
+      throw StoreError("idemgate: the memory store's row of key " + key.hex() +
+                       " was taken over between its reservation and its commit");
+    return OnceResult::committed(std::move(result));
   }
 
   /// Stores a permanent failure, only if `fence` still holds.
@@ -513,6 +570,9 @@ class MemoryStore {
     Clock clock;
     std::mutex mutex;
     std::map<std::string, std::unordered_map<Key, Record, KeyHash>, std::less<>> rows;
+    // The (gate, key) of every `commit_once` whose transaction is open, and its end.
+    std::set<std::pair<std::string, std::string>> open;
+    std::condition_variable open_changed;
     std::map<std::string, std::vector<Mismatch>, std::less<>> mismatches;
   };
 

@@ -151,6 +151,27 @@ class PostgresStore {
     return events().commit_computed(key, fence, std::forward<Produce>(produce));
   }
 
+  /**
+   * One event in one transaction, for a side effect that is only the business write in this
+   * database: reserves the key (the reservation statement), runs `produce(pqxx::work&)` and marks
+   * the row committed with the string it returns, then commits once. No row is ever seen in
+   * flight: a crash or a throw rolls everything back, key included. A concurrent transaction of
+   * the same key waits on the uncommitted row up to `wait` (`SET LOCAL lock_timeout`, which bounds
+   * the business write's lock waits too), then is answered `busy`; once it commits, the key is
+   * `existing` with its stored outcome (a duplicate counted). A stranded in-flight row of the
+   * same request is taken over in the same transaction. A broken connection is retried on a
+   * fresh one (a COMMIT whose reply was lost is recognised as this call's own), a lost deadlock
+   * runs the whole transaction again; what `produce` throws propagates. `TransactionGate` calls
+   * it.
+   */
+  template <class Produce>
+  OnceResult commit_once(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                         std::string_view label, std::chrono::milliseconds wait,
+                         Produce&& produce) {
+    return events().commit_once(key, fingerprint, request, label, wait,
+                                std::forward<Produce>(produce));
+  }
+
   /// Stores a permanent failure, only if `fence` still holds.
   CommitStatus fail(const Key& key, std::int64_t fence, std::string_view reason) {
     return events().settle(sql::postgres::fail, key, fence, reason, RecordStatus::failed);

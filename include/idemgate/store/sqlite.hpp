@@ -173,6 +173,22 @@ class SqliteStore {
     return events().commit_computed(key, fence, std::forward<Produce>(produce));
   }
 
+  /**
+   * One event in one write transaction, for a side effect that is only the business write in
+   * this database: reserves the key, runs `produce(SqliteTransaction&)` and marks the row
+   * committed with the string it returns, then commits once. No row is ever seen in flight: a
+   * crash or a throw rolls everything back, key included. A concurrent transaction (another
+   * thread, another process) waits for the write lock up to `SqliteOptions::busy_timeout`, then
+   * gets `StoreError`; after the first commits, its key is `existing` (`wait` is not used: the
+   * busy timeout bounds every wait of this store). `TransactionGate` calls it.
+   */
+  template <class Produce>
+  OnceResult commit_once(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                         std::string_view label, std::chrono::milliseconds /*wait*/,
+                         Produce&& produce) {
+    return events().commit_once(key, fingerprint, request, label, std::forward<Produce>(produce));
+  }
+
   /// Stores a permanent failure, only if `fence` still holds (`committed` also when this fence
   /// already stored it).
   CommitStatus fail(const Key& key, std::int64_t fence, std::string_view reason) {

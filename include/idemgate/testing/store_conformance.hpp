@@ -19,13 +19,15 @@
  * (`sql_store_conformance.hpp`).
  *
  * This header registers the suite; its fixture is `conformance/fixture.hpp` and its tests are in
- * one header per role beside it (`conformance/reservation.hpp`, `conformance/signals.hpp`, ...).
+ * one header per role beside it (`conformance/reservation.hpp`, `conformance/one_transaction.hpp`,
+ * ...).
  */
 
 #include "conformance/fixture.hpp"
 #include "conformance/gate.hpp"
 #include "conformance/gates.hpp"
 #include "conformance/leases.hpp"
+#include "conformance/one_transaction.hpp"
 #include "conformance/operator.hpp"
 #include "conformance/reasons.hpp"
 #include "conformance/redrive.hpp"
@@ -88,7 +90,13 @@ REGISTER_TYPED_TEST_SUITE_P(
     GatesListsEveryGateWithRowsFromAnyHandle, ALabelIsKeptOnlyWhenGivenAndFindsItsRow,
     HistoryKeepsWhyEveryAttemptEndedThroughRedriveAndResolve, HistoryKeepsTheNewestSixteenEntries,
     AReasonOfAnyBytesIsStoredReadBackAndFoundAgain, ALabelOfAnyBytesIsStoredAndFindsItsRow,
-    AGateWhoseDownstreamFailsWithAnyBytesEndsTheAttemptAndReturns);
+    AGateWhoseDownstreamFailsWithAnyBytesEndsTheAttemptAndReturns,
+    OneTransactionCommitsTheRowItsOutcomeAndTheBusinessWriteTogether,
+    OneTransactionWhoseWriteThrowsLeavesNeitherRowNorBusinessRow,
+    OneTransactionTakesOverAStrandedRowAndAnswersEveryOtherStoredRow,
+    SixteenThreadsRunningOneKeyInOneTransactionWriteOnce,
+    ADuplicateWaitsForAnOpenTransactionOnlyUpToTheLockTimeout,
+    ABatchInOneTransactionEachAnswersEveryMessage);
 
 /// @endcond
 }  // namespace idemgate::testing

@@ -15,6 +15,7 @@
 
 #include <pqxx/pqxx>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -119,6 +120,119 @@ class EventPath {
           s_.literal_text(sql::postgres::commit, commit_literals(key, fence, result));
       return finish(c, tx, update, key, fence);
     });
+  }
+
+  /// See `PostgresStore::commit_once`.
+  template <class Produce>
+  OnceResult commit_once(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                         std::string_view label, std::chrono::milliseconds wait,
+                         Produce&& produce) {
+    const std::string key_param = pq::bytea_param(key.view());
+    const std::string fingerprint_param =
+        pq::bytea_param({reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size()});
+    const std::string request_param = pq::bytea_param(request);
+    const std::string label_text = detail::stored_text(label);
+    const std::int64_t wait_ms =
+        std::max<std::int64_t>(1, sql_duration<std::chrono::milliseconds>(wait));
+    // Recognises this call's own row when a COMMIT's reply was lost and it runs again.
+    const std::int64_t holder = new_holder_token();
+    for (int deadlocks = 0;; ++deadlocks) {
+      bool reserving = true;
+      std::optional<OnceResult> outcome = s_.retrying(
+          committing(key),
+          [&](Lease& c, int) -> std::optional<OnceResult> {
+            reserving = true;
+            for (const sql::Statement* statement :
+                 {&sql::postgres::reserve_committed, &sql::postgres::reserve,
+                  &sql::postgres::set_result, &sql::postgres::commit})
+              s_.prepare_now(c, *statement);
+            pqxx::work tx(c.connection());
+            // The common case, a new key: one insert of the row as it will commit.
+            std::optional<Reservation> held;
+            bool inserted_committed = false;
+            if (!s_.exec(c, tx, sql::postgres::reserve_committed, gate_, key_param,
+                         fingerprint_param, request_param, holder, label_text,
+                         std::to_string(wait_ms))
+                     .empty()) {
+              held = Reservation::acquired(1);
+              inserted_committed = true;
+            }
+            // The key has a row: the reservation statement reads it (a row that committed after
+            // a statement's snapshot is seen by the next statement).
+            for (int statement = 0; statement < 32 && !held; ++statement) {
+              const pqxx::result rows =
+                  s_.exec(c, tx, sql::postgres::reserve, gate_, key_param, fingerprint_param,
+                          request_param, wait_ms, holder, label_text);
+              if (rows.empty()) continue;
+              const pq::row row = rows[0];
+              const std::int64_t fence = pq::int_field(row[1]);
+              if (pq::bool_field(row[0])) {
+                held = Reservation::acquired(fence);
+                break;
+              }
+              Reservation found = Reservation::existing(
+                  fence, parse_record_status(pq::text_field(row[2])), pq::bool_field(row[3]),
+                  pq::bytea_field(row[5]), pq::text_field(row[6]));
+              found.held =
+                  detail::held(found.status, pq::bool_field(row[4]), pq::bool_field(row[8]));
+              const bool mine = pq::bool_field(row[7]);
+              // This call's own earlier attempt committed: its COMMIT's reply was lost.
+              if (mine && found.status == RecordStatus::committed)
+                return OnceResult::committed(std::move(found.result));
+              switch (met(found.status, found.same_request, pq::bool_field(row[4]), mine)) {
+                case Met::own:
+                  held = Reservation::acquired(fence);
+                  break;
+                case Met::expired: {
+                  // A stranded attempt of this request (left by a gate that calls a downstream):
+                  // taken over inside this transaction, so it commits settled or not at all.
+                  const pqxx::result taken = s_.exec(c, tx, sql::postgres::take_over, gate_,
+                                                     key_param, fence, std::int64_t{0}, holder);
+                  if (!taken.empty()) held = Reservation::taken_over(pq::int_field(taken[0][0]));
+                  break;
+                }
+                case Met::existing:
+                  tx.commit();  // the duplicate it counted
+                  return OnceResult::existing(std::move(found));
+              }
+            }
+            if (!held)
+              throw StoreError("idemgate: the reservation of key " + key.hex() +
+                               " kept racing with concurrent transactions; the store is "
+                               "overloaded. Nothing was written. Do not ack.");
+            reserving = false;
+            std::string result;
+            s_.run_business_write(key, [&] { result = produce(tx); });
+            const std::string update =
+                std::string(sql::postgres::open_transaction_check.text) + " " +
+                (inserted_committed
+                     ? s_.execute_text(c, sql::postgres::set_result,
+                                       std::array<std::string, 4>{
+                                           "'" + gate_ + "'", pq::bytea_literal(key.view()),
+                                           pq::bytea_literal(result), std::to_string(holder)})
+                     : s_.execute_text(c, sql::postgres::commit,
+                                       commit_literals(key, held->fence, result)));
+            if (pq::affected_rows(s_.checked(tx, update, key)) != 1)
+              throw StoreError("idemgate: the row of key " + key.hex() + " in " + s_.table() +
+                               " changed under this transaction's own lock; nothing was "
+                               "written. Do not ack.");
+            tx.commit();
+            return OnceResult::committed(std::move(result));
+          },
+          [&](std::exception_ptr error) -> std::optional<OnceResult> {
+            try {
+              std::rethrow_exception(error);
+            } catch (const pqxx::sql_error& e) {
+              const std::string state = e.sqlstate();
+              // Waited past the bound for a transaction holding the key uncommitted.
+              if (reserving && state == "55P03") return OnceResult::busy();
+              // Lost a deadlock, or a serialisation check: everything was rolled back.
+              if ((state == "40P01" || state == "40001") && deadlocks < 4) return std::nullopt;
+              throw;
+            }
+          });
+      if (outcome) return std::move(*outcome);
+    }
   }
 
   /// See `PostgresStore::fail` and `PostgresStore::escalate`: stores `target` with `reason`,

@@ -180,19 +180,26 @@ class Session {
                                          std::span<const std::string> literals) {
     const std::size_t index = slot(statement);
     if (pooled_by_transaction()) return sql_text::with_literals(prepared_text_[index], literals);
-    if (!lease.prepared(index)) {
-      try {
-        pq::prepare_at_once(lease.connection(), prepared_name_[index], prepared_text_[index]);
-      } catch (const pqxx::undefined_table&) {
-        throw errors_.missing_table();
-      } catch (const pqxx::undefined_column&) {
-        throw errors_.outdated_table();
-      }
-      lease.set_prepared(index);
-    }
+    prepare_now(lease, statement);
     std::string text = "EXECUTE " + prepared_name_[index] + "(";
     for (std::size_t i = 0; i < literals.size(); ++i) text += (i > 0 ? ", " : "") + literals[i];
     return text + ")";
+  }
+
+  /// Prepares `statement` on the lease's connection now, if it was not yet (and unless a
+  /// transaction pooler stands between): before a transaction opens, so that `exec` and
+  /// `execute_text` inside it neither prepare nor parse.
+  void prepare_now(Lease& lease, const sql::Statement& statement) {
+    const std::size_t index = slot(statement);
+    if (pooled_by_transaction() || lease.prepared(index)) return;
+    try {
+      pq::prepare_at_once(lease.connection(), prepared_name_[index], prepared_text_[index]);
+    } catch (const pqxx::undefined_table&) {
+      throw errors_.missing_table();
+    } catch (const pqxx::undefined_column&) {
+      throw errors_.outdated_table();
+    }
+    lease.set_prepared(index);
   }
 
   /// A prepared statement's text as rendered for this log, with `literals` as its parameters.

@@ -124,6 +124,35 @@ class EventPath {
     });
   }
 
+  /// See `SqliteStore::commit_once`.
+  template <class Produce>
+  OnceResult commit_once(const Key& key, const Fingerprint& fingerprint, std::string_view request,
+                         std::string_view label, Produce&& produce) {
+    return s_.run("committing", &key, [&]() -> OnceResult {
+      s_.begin();
+      const std::int64_t now = s_.now_micros();
+      // The row is never seen in flight: it commits settled, or not at all.
+      const Reservation held =
+          reserve_row(key, fingerprint, request, now, std::chrono::milliseconds(0), label);
+      if (held.kind == Reservation::Kind::existing) {
+        s_.end("reserving a key");  // the duplicate it counted
+        return OnceResult::existing(held);
+      }
+      if (s_.change(sql::sqlite::commit, "committing", gate_, key, held.fence,
+                    SqliteBlob{std::string_view()}, now) == 0)
+        throw StoreError("idemgate: the row of key " + key.hex() + " in " + s_.table() +
+                         " changed inside this transaction; nothing was written. Do not ack.");
+      std::string result;
+      auto write = [&](SqliteTransaction& tx) { result = produce(tx); };
+      const CommitItem row{key, held.fence, {}};
+      s_.run_business(gate_, std::span<const CommitItem>(&row, 1), now, write);
+      s_.change(sql::sqlite::set_result, "committing", gate_, key, held.fence,
+                SqliteBlob{std::string_view(result)});
+      s_.end_confirmed("commit", key);
+      return OnceResult::committed(std::move(result));
+    });
+  }
+
   /// See `SqliteStore::fail` and `SqliteStore::escalate`: stores `target` with `reason`, only
   /// if `fence` still holds (`committed` also when this fence already stored it).
   CommitStatus settle(const sql::Statement& statement, const char* doing, const Key& key,

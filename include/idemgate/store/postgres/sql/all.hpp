@@ -49,6 +49,8 @@ inline constexpr const Statement* prepared[] = {
     &expire,
     &adopt,
     &adopt_mismatches,
+    &reserve_committed,
+    &set_result,
 };
 
 /// Every fragment the statements call (`{name(…)}`).
