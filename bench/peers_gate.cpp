@@ -9,6 +9,9 @@
 //   gate/coalesced_W   the same with GateOptions::coalesce (window 300 us)
 //   gate/batch10_W     gate.process_batch over 10 consecutive deliveries at a time, its
 //                      business rows written by one bulk INSERT per batch
+//   gate/once_W        a TransactionGate's process per delivery: the business row is the whole
+//                      side effect, reserved, written and committed in one transaction (its
+//                      side effects are its business rows)
 //   gate/race          16 threads deliver one new event at once (its side effects must be 1)
 // Metrics per mode: events_per_s (deliveries, duplicates included, over the wall time of the
 // timed round), deliveries, distinct, side_effects, business_rows, and the answers by status;
@@ -23,6 +26,7 @@
 #include <idemgate/batch.hpp>
 #include <idemgate/gate.hpp>
 #include <idemgate/store/postgres.hpp>
+#include <idemgate/transaction_gate.hpp>
 
 #include <sys/resource.h>
 
@@ -31,6 +35,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -117,6 +122,16 @@ struct BusinessWrite {
 
 using PeerGate = idemgate::Gate<idemgate::PostgresStore, CountingDownstream, BusinessWrite>;
 
+// The one-transaction gate: its write is the business row, and returns the outcome.
+using OnceWrite = std::function<std::string(pqxx::work&, const idemgate::Key&, const std::string&)>;
+using OnceGate =
+    idemgate::TransactionGate<idemgate::PostgresStore, std::string, std::string, OnceWrite>;
+
+std::string write_once(pqxx::work& tx, const idemgate::Key& key, const std::string& request) {
+  idemgate::exec_prepared(tx, business_statement, key, request, idemgate::bench::outcome());
+  return idemgate::bench::outcome();
+}
+
 // A store with `workers` pooled connections, each with the business INSERT prepared, and a gate.
 struct Gated {
   Gated(const std::string& uri, std::size_t workers, idemgate::GateOptions options)
@@ -127,7 +142,8 @@ struct Gated {
                 o.pool_size = workers;
                 return o;
               }()),
-        gate("peers.claim", store, downstream, BusinessWrite{}, options) {
+        gate("peers.claim", store, downstream, BusinessWrite{}, options),
+        once_gate("peers.claim", store, write_once) {
     store.migrate();
     std::vector<idemgate::detail::ConnectionPool::Lease> leases;
     for (std::size_t i = 0; i < workers; ++i) {
@@ -144,6 +160,7 @@ struct Gated {
   idemgate::PostgresStore store;
   CountingDownstream downstream;
   PeerGate gate;
+  OnceGate once_gate;
 };
 
 struct Settings {
@@ -171,7 +188,7 @@ std::string request_of(const std::string& event_id) {
 }
 
 // Runs `order` through the gate with `workers` threads; returns the wall time.
-std::chrono::duration<double> run(Gated& gated, std::size_t workers, bool batch,
+std::chrono::duration<double> run(Gated& gated, std::size_t workers, bool batch, bool once,
                                   const std::string& prefix,
                                   const std::vector<std::uint32_t>& order, Tally& tally) {
   constexpr std::size_t batch_size = 10;
@@ -197,6 +214,8 @@ std::chrono::duration<double> run(Gated& gated, std::size_t workers, bool batch,
         if (batch) {
           const auto result = gated.gate.process_batch(messages);
           for (const auto& item : result.items()) tally.add(item.result.status());
+        } else if (once) {
+          tally.add(gated.once_gate.process(messages[0].key, messages[0].request).status());
         } else {
           tally.add(gated.gate.process(messages[0].key, messages[0].request).status());
         }
@@ -234,6 +253,7 @@ struct Mode {
   std::size_t workers;
   bool coalesce;
   bool batch;
+  bool once;
   std::unique_ptr<Gated> gated;
 };
 
@@ -245,9 +265,11 @@ void round(std::vector<Mode>& modes, std::uint32_t events, const std::string& ph
     const std::string prefix = settings.tag + "-" + phase + "-" + mode.name + "-";
     Tally tally;
     const std::uint64_t before = mode.gated->downstream.side_effects.load();
-    const auto elapsed = run(*mode.gated, mode.workers, mode.batch, prefix, order, tally);
-    const std::uint64_t side_effects = mode.gated->downstream.side_effects.load() - before;
+    const auto elapsed =
+        run(*mode.gated, mode.workers, mode.batch, mode.once, prefix, order, tally);
     const std::uint64_t rows = business_rows(prefix);
+    const std::uint64_t side_effects =
+        mode.once ? rows : mode.gated->downstream.side_effects.load() - before;
     if (side_effects != distinct || rows != distinct)
       std::cerr << "peers_gate: " << mode.name << ": " << side_effects << " side effects and "
                 << rows << " business rows for " << distinct << " events\n";
@@ -317,9 +339,10 @@ int main(int argc, char** argv) {
     std::vector<Mode> modes;
     for (const std::size_t workers : {std::size_t{4}, std::size_t{16}}) {
       const std::string w = std::to_string(workers);
-      modes.push_back({"single_" + w, workers, false, false, nullptr});
-      modes.push_back({"coalesced_" + w, workers, true, false, nullptr});
-      modes.push_back({"batch10_" + w, workers, false, true, nullptr});
+      modes.push_back({"single_" + w, workers, false, false, false, nullptr});
+      modes.push_back({"coalesced_" + w, workers, true, false, false, nullptr});
+      modes.push_back({"batch10_" + w, workers, false, true, false, nullptr});
+      modes.push_back({"once_" + w, workers, false, false, true, nullptr});
     }
     for (Mode& mode : modes)
       mode.gated = std::make_unique<Gated>(settings.uri, mode.workers,

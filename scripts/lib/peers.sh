@@ -198,8 +198,8 @@ peers_report() { # all.tsv note
     END {
       json = "{\"mode\": \"peers\", \"rounds\": " rounds ", \"events_per_mode\": " events ", \"warm_up_events_per_mode\": " warm
       printf "%-14s %11s %11s %7s %11s %7s   %s\n", "mode", "idemgate/s", "fair/s", "ratio", "effect/s", "ratio", "per round (to the fair peer)"
-      split("single coalesced batch10", kinds, " ")
-      for (w = 4; w <= 16; w += 12) for (k = 1; k <= 3; k++) {
+      split("single coalesced batch10 once", kinds, " ")
+      for (w = 4; w <= 16; w += 12) for (k = 1; k <= 4; k++) {
         m = kinds[k] "_" w
         # The peers have no group commit: their single-event handler is what group commit is
         # compared to.
@@ -209,7 +209,7 @@ peers_report() { # all.tsv note
         to_fair[m] = ratio_to("fair", m, p)
         printf "%-14s %11.0f %11.0f %7.2f %11.0f %7.2f  %s\n", m, g, f, to_fair[m], q, to_effect[m], shown
         json = json sprintf(", \"gate_%s_events_per_s\": %.1f", m, g)
-        if (kinds[k] != "coalesced")
+        if (kinds[k] == "single" || kinds[k] == "batch10")
           json = json sprintf(", \"fair_%s_events_per_s\": %.1f, \"peer_%s_events_per_s\": %.1f", m, f, m, q)
         json = json sprintf(", \"ratio_fair_%s\": %.3f, \"ratio_%s\": %.3f", m, to_fair[m], m, to_effect[m])
       }
@@ -234,9 +234,11 @@ peers_report() { # all.tsv note
       batch = to_fair["batch10_4"] < to_fair["batch10_16"] ? to_fair["batch10_4"] : to_fair["batch10_16"]
       met4 = best4 >= 1.5 ? "true" : "false"; met16 = best16 >= 1.5 ? "true" : "false"
       metb = batch >= 2.5 ? "true" : "false"
+      once16 = to_fair["once_16"]; meto = once16 >= 2.0 ? "true" : "false"
       printf "target: single events beside the fair peer, 4 workers >= 1.50: %.2f %s\n", best4, met4 == "true" ? "met" : "MISSED"
       printf "target: single events beside the fair peer, 16 workers >= 1.50: %.2f %s\n", best16, met16 == "true" ? "met" : "MISSED"
       printf "target: batches of 10 beside the fair peer, 4 and 16 workers >= 2.50: %.2f %s\n", batch, metb == "true" ? "met" : "MISSED"
+      printf "target: one transaction beside the fair peer, 16 workers >= 2.00: %.2f %s\n", once16, meto == "true" ? "met" : "MISSED"
       exact_gate = effects["gate"] == distinct["gate"] && rows["gate"] == distinct["gate"] && !race_bad["gate"]
       exact_fair = effects["fair"] == distinct["fair"] && rows["fair"] == distinct["fair"] && !race_bad["fair"]
       exact_peer = effects["peer"] == distinct["peer"] && !race_bad["peer"]
@@ -252,6 +254,7 @@ peers_report() { # all.tsv note
       json = json sprintf(", \"target_fair_single_4_ge_1_5\": {\"value\": %.3f, \"met\": %s}", best4, met4)
       json = json sprintf(", \"target_fair_single_16_ge_1_5\": {\"value\": %.3f, \"met\": %s}", best16, met16)
       json = json sprintf(", \"target_fair_batch10_ge_2_5\": {\"value\": %.3f, \"met\": %s}", batch, metb)
+      json = json sprintf(", \"target_fair_once_16_ge_2_0\": {\"value\": %.3f, \"met\": %s}", once16, meto)
       gsub(/"/, "\\\"", note)
       print json ", \"note\": \"" note "\"}"
       # Figures are only reported; a side effect or business row missing or repeated is a failure.
