@@ -235,8 +235,8 @@ inline relaxed_write() {
 /* Safety properties that hold in every state a store transaction leaves: P1 one business row
    per event; P2 a committed row has its business row, written with the row's outcome; P3 one
    downstream outcome per key, and it is the log's; P4 fences never decrease. With ONCE, P10: no
-   row is in flight under a one-transaction delivery's holder (its token, or the 0 its takeover
-   stores). */
+   row is in flight under a one-transaction delivery's holder (its token, which its takeover
+   stores too). */
 #ifdef ONCE
 /* the log's outcome is the business write's own where no downstream was called */
 #define LOG_OUT(i) (dsout[i] == 0 || rout[i] == dsout[i])

@@ -36,9 +36,11 @@ struct TransactionGateOptions {
   /// How long a delivery waits for a concurrent delivery of the same event whose transaction
   /// holds the key uncommitted, before it is answered `retry` (do not ack) with nothing written.
   /// On PostgreSQL it is the transaction's `lock_timeout`, so it also bounds every lock the
-  /// business write waits for; SQLite waits up to its `busy_timeout` instead. From 1 ms to an
-  /// hour; keep it above the business write's usual time, or duplicates delivered together are
-  /// sent back to the queue instead of answered.
+  /// transaction waits for (the business write's, a table's extension); a wait is also cut at
+  /// `PostgresOptions::statement_timeout` (15 s by default), answered the same way. SQLite waits
+  /// up to its `busy_timeout` instead, then throws `StoreError`. From 1 ms to an hour; keep it
+  /// above the business write's usual time, or duplicates delivered together are sent back to
+  /// the queue instead of answered.
   std::chrono::milliseconds lock_timeout = std::chrono::seconds(5);
   /// Largest encoded request the gate accepts (it is stored with the row).
   std::size_t max_request_bytes = 1 << 20;
@@ -63,14 +65,18 @@ using TransactionWrite = std::function<Outcome(typename Store::transaction&, con
  * - A committed key: the stored outcome, nothing written: `duplicate`. Another request under the
  *   key: `conflict`.
  * - A concurrent delivery of the same event waits for the first one's transaction, then gets the
- *   stored outcome; past `TransactionGateOptions::lock_timeout` it is answered `retry`.
+ *   stored outcome; past `TransactionGateOptions::lock_timeout` it is answered `retry` (on
+ *   SQLite, past its busy timeout, `StoreError`).
  * - A row a `Gate` of the same name left in flight whose lease ran out is taken over in the
  *   transaction; a live one answers `in_flight`.
  *
  * Choose it only when nothing outside the database happens for an event: a call to another
  * service, a message sent, a file written need `Gate`'s durable reservation, which is recorded
  * before the call so that a crash mid-call is finished under the same key instead of forgotten.
- * There is no reconciler to run and no lease: an event is either committed or absent.
+ * There is no reconciler to run and no lease: an event is either committed or absent. (Rows a
+ * `Gate` of the same name left in flight under a live lease are still that gate's to finish:
+ * keep its reconciler running until they are gone.) A write that commits the transaction itself,
+ * before the outcome is stored, leaves its event answered `escalated`.
  *
  * Example:
  *   idemgate::TransactionGate<idemgate::PostgresStore, Debit, Receipt> gate{

@@ -181,6 +181,29 @@ TEST_F(PostgresFaults, AOneTransactionConsumerKilledMidTransactionLeavesNothingB
   expect_invariants(uri, log, bookings, 1);
 }
 
+// A business write that commits the one transaction itself, before the outcome is stored: what
+// it wrote commits with the key's row, and that row is answered `escalated` ever after, never as
+// an empty outcome, for a human to settle.
+TEST_F(PostgresFaults, AOneTransactionWriteThatCommitsItselfLeavesItsEventEscalated) {
+  PostgresStore store(uri, {.table = log});
+  store.migrate();
+  const Key key = idemgate::derive_key("ect.claim_slot", "CIS-11", "MSKU7000039");
+  idemgate::TransactionGate<PostgresStore, SlotRequest, std::string,
+                            std::function<std::string(pqxx::work&, const Key&, const SlotRequest&)>>
+      gate("ect.claim_slot", store, [&](pqxx::work& tx, const Key& k, const SlotRequest& r) {
+        booking_writer()(tx, k, r, "own-slot");
+        (void)pq::exec(tx, "COMMIT");
+        return std::string("own-slot");
+      });
+  EXPECT_ANY_THROW((void)gate.process(key, {"MSKU7000039", "2025-06-09T07:00"}));
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings), 1) << "the write's own COMMIT held";
+  const auto again = gate.process(key, {"MSKU7000039", "2025-06-09T07:00"});
+  EXPECT_EQ(again.status(), Status::escalated);
+  EXPECT_NE(again.reason().find("ended its own transaction"), std::string::npos)
+      << again.reason();
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings), 1);
+}
+
 TEST_F(PostgresFaults, TwoReconcilersOverFiveHundredStaleRowsNeverDoubleWork) {
   PostgresStore seed(uri, {.table = log});
   seed.migrate();

@@ -14,6 +14,12 @@
 
 namespace idemgate::detail {
 
+/// The reason a row of an event run as one transaction holds until its outcome is stored (with
+/// it, in the same transaction). A committed row that still holds it committed because its
+/// business write ended the transaction itself, before the outcome: it is answered `escalated`.
+inline constexpr std::string_view unfinished_outcome =
+    "the business write ended its own transaction before the outcome was stored";
+
 /// The answer to a delivery whose key the log already holds (`found`, of kind existing).
 template <class Outcome>
 [[nodiscard]] Result<Outcome> answer_existing(const Reservation& found) {
@@ -24,6 +30,12 @@ template <class Outcome>
                                 "derivation is not stable or two events share a key");
   switch (found.status) {
     case RecordStatus::committed:
+      if (found.reason == unfinished_outcome)
+        return result_type::because(
+            Status::escalated,
+            "idemgate: " + found.reason +
+                " (a COMMIT of its own): what it wrote before that committed, without an "
+                "outcome. Check the event's business rows and settle it by hand");
       return result_type::with(Status::duplicate, codec<Outcome>::decode(found.result));
     case RecordStatus::failed:
       return result_type::because(Status::failed, found.reason);

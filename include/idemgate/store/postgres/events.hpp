@@ -2,6 +2,7 @@
 // PostgresStore's per-event path: reserve, commit, fail, escalate, release, find.
 #pragma once
 
+#include "../../detail/answers.hpp"
 #include "../../detail/postgres/pqxx_compat.hpp"
 #include "../../errors.hpp"
 #include "../../key.hpp"
@@ -139,7 +140,9 @@ class EventPath {
     for (int deadlocks = 0;; ++deadlocks) {
       bool reserving = true;
       std::optional<OnceResult> outcome = s_.retrying(
-          committing(key),
+          RetriedWork{"transaction", &key, 0,
+                      "it committed whole or not at all; the redelivery is answered from the log, "
+                      "or runs the event."},
           [&](Lease& c, int) -> std::optional<OnceResult> {
             reserving = true;
             for (const sql::Statement* statement :
@@ -152,17 +155,19 @@ class EventPath {
             bool inserted_committed = false;
             if (!s_.exec(c, tx, sql::postgres::reserve_committed, gate_, key_param,
                          fingerprint_param, request_param, holder, label_text,
-                         std::to_string(wait_ms))
+                         std::to_string(wait_ms), std::string(detail::unfinished_outcome))
                      .empty()) {
               held = Reservation::acquired(1);
               inserted_committed = true;
             }
             // The key has a row: the reservation statement reads it (a row that committed after
             // a statement's snapshot is seen by the next statement).
-            for (int statement = 0; statement < 32 && !held; ++statement) {
+            // The row is never seen in flight, whatever lease it is given.
+            const std::int64_t lease_ms = wait_ms;
+            for (int tries = 0; tries < 32 && !held; ++tries) {
               const pqxx::result rows =
                   s_.exec(c, tx, sql::postgres::reserve, gate_, key_param, fingerprint_param,
-                          request_param, wait_ms, holder, label_text);
+                          request_param, lease_ms, holder, label_text);
               if (rows.empty()) continue;
               const pq::row row = rows[0];
               const std::int64_t fence = pq::int_field(row[1]);
@@ -223,11 +228,17 @@ class EventPath {
             try {
               std::rethrow_exception(error);
             } catch (const pqxx::sql_error& e) {
-              const std::string state = e.sqlstate();
-              // Waited past the bound for a transaction holding the key uncommitted.
-              if (reserving && state == "55P03") return OnceResult::busy();
+              const std::string state = pq::sqlstate(e);
+              // Waited past the bound for a transaction holding the key uncommitted (the lock
+              // timeout, or the store's statement timeout when that is shorter).
+              if (reserving && (state == "55P03" || state == "57014")) return OnceResult::busy();
               // Lost a deadlock, or a serialisation check: everything was rolled back.
-              if ((state == "40P01" || state == "40001") && deadlocks < 4) return std::nullopt;
+              if (state == "40P01" || state == "40001") {
+                if (deadlocks < 4) return std::nullopt;
+                throw StoreError("idemgate: the transaction of key " + key.hex() +
+                                 " kept deadlocking with concurrent work (" + e.what() +
+                                 "); nothing was written. Do not ack.");
+              }
               throw;
             }
           });

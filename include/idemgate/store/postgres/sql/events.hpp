@@ -126,32 +126,34 @@ UPDATE {log}
 )sql"};
 
 /// The reservation of an event run as one transaction (`commit_once`): inserts the key's row
-/// already committed, with an empty result until the business write returned. Nobody sees the row
-/// before the transaction commits, so it is never in flight, and it enters no partial index.
+/// already committed, with an empty result and the reason `$8` until the business write returned
+/// (`set_result` clears it). Nobody sees the row before the transaction commits, so it is never
+/// in flight, and it enters no partial index; should a business write commit the transaction
+/// itself, the row that commits says so and is answered `escalated`, never as an empty outcome.
 /// Nothing is inserted when the key has a row of this gate or of none: `reserve` then answers
-/// from it in the same transaction. `set_config` bounds, for the rest of the transaction, how
-/// long this statement waits for a concurrent transaction that holds the key uncommitted (and
-/// every later lock wait): it runs before the row is inserted, the wait being the insert's.
+/// from it in the same transaction. `set_config`, in a subquery evaluated once whatever the
+/// filter finds, bounds for the rest of the transaction how long this statement waits for a
+/// concurrent transaction that holds the key uncommitted (and every later lock wait).
 inline constexpr Statement reserve_committed{
     "idemgate_reserve_committed",
     "$1 gate, $2 key, $3 fingerprint, $4 request, $5 holder token, $6 label ('' for none), "
-    "$7 lock timeout (ms, text)",
+    "$7 lock timeout (ms, text), $8 reason until the result is stored",
     R"sql(
-INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, result,
+INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, result, reason,
                    holder, attempts, label)
-SELECT $1::text, $2::bytea, 'committed', 1, now(), $3::bytea, $4::bytea, ''::bytea, $5::bigint,
-       1, nullif($6::text, '')
- WHERE set_config('lock_timeout', $7::text, true) IS NOT NULL
-   AND NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea)
+SELECT $1::text, $2::bytea, 'committed', 1, now(), $3::bytea, $4::bytea, ''::bytea, $8::text,
+       $5::bigint, 1, nullif($6::text, '')
+  FROM (SELECT set_config('lock_timeout', $7::text, true) OFFSET 0) AS bounded
+ WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea)
 ON CONFLICT (gate, key) DO NOTHING
 RETURNING fence
 )sql"};
 
-/// Sets the result of the row `reserve_committed` inserted in this transaction. Only `result`
-/// changes, no indexed column: the new version can stay on the row's page (a HOT update).
+/// Sets the result of the row `reserve_committed` inserted in this transaction and clears its
+/// reason. Neither is an indexed column: the new version can stay on the row's page (HOT).
 inline constexpr Statement set_result{"idemgate_set_result",
                                       "$1 gate, $2 key, $3 result, $4 holder token", R"sql(
-UPDATE {log} SET result = $3::bytea
+UPDATE {log} SET result = $3::bytea, reason = NULL
  WHERE gate = $1::text AND key = $2::bytea AND status = 'committed' AND holder = $4::bigint
 )sql"};
 
