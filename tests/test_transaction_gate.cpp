@@ -27,6 +27,20 @@ using idemgate::TransactionGate;
 using idemgate::TransactionGateOptions;
 using namespace std::chrono_literals;
 
+/// An outcome whose codec refuses to encode an empty receipt.
+struct Receipt {
+  std::string text;
+};
+
+template <>
+struct idemgate::codec<Receipt> {
+  static void encode(const Receipt& r, std::string& out) {
+    if (r.text.empty()) throw idemgate::CodecError("an empty receipt has no encoding");
+    out = r.text;
+  }
+  static Receipt decode(std::string_view in) { return {std::string(in)}; }
+};
+
 namespace {
 
 using Write = std::function<std::string(SqliteTransaction&, const std::string&)>;
@@ -154,6 +168,30 @@ TEST_F(TransactionGateTest, AWriteThatBreaksTheTransactionCommitsNothingAndIsNam
   const std::vector<idemgate::BatchMessage<std::string>> batch{{"m1", key_of("broken"), "A"}};
   EXPECT_EQ(gate.process_batch(batch).retry_ids(), std::vector<std::string>{"m1"});
   EXPECT_EQ(debits(), 0);
+}
+
+// An outcome its codec cannot encode: the write is rolled back with the key, and in a batch the
+// message is answered `retry` naming the codec, not the business write.
+TEST_F(TransactionGateTest, AnOutcomeItsCodecRefusesCommitsNothingAndIsNamed) {
+  TransactionGate<SqliteStore, std::string, Receipt,
+                  std::function<Receipt(SqliteTransaction&, const std::string&)>>
+      gate("ledger.debit", store_, [](SqliteTransaction& tx, const std::string& account) {
+        (void)debit(tx, account);
+        return Receipt{account == "B" ? "" : "receipt " + account};
+      });
+  EXPECT_THROW((void)gate.process(key_of("unencodable"), "B"), idemgate::CodecError);
+  EXPECT_FALSE(store_.for_gate("ledger.debit").find(key_of("unencodable")).has_value());
+  EXPECT_EQ(debits(), 0);
+  const std::vector<idemgate::BatchMessage<std::string>> batch{{"m1", key_of("unencodable"), "B"},
+                                                               {"m2", key_of("fine"), "A"}};
+  const auto items = gate.process_batch(batch).items();
+  ASSERT_EQ(items.size(), 2u);
+  EXPECT_EQ(items[0].result.status(), Status::retry);
+  EXPECT_NE(items[0].result.reason().find("the outcome's codec threw: an empty receipt"),
+            std::string::npos)
+      << items[0].result.reason();
+  EXPECT_EQ(items[1].result.status(), Status::processed);
+  EXPECT_EQ(debits(), 1) << "only the encodable event's write";
 }
 
 }  // namespace

@@ -120,14 +120,17 @@ struct OnceResult {
   Kind kind = Kind::busy;
   /// The business write's outcome bytes, as stored (committed).
   std::string result;
+  /// Whether the committed row was a stranded one taken over (committed).
+  bool taken_over = false;
   /// What the log holds (existing).
   Reservation found;
 
-  /// The event committed with `result`.
-  [[nodiscard]] static OnceResult committed(std::string result) {
+  /// The event committed with `result`; `taken_over` when its row was stranded work taken over.
+  [[nodiscard]] static OnceResult committed(std::string result, bool taken_over = false) {
     OnceResult r;
     r.kind = Kind::committed;
     r.result = std::move(result);
+    r.taken_over = taken_over;
     return r;
   }
   /// The key was taken: `found` says by what.

@@ -152,7 +152,8 @@ class TransactionGate {
    * Processes a batch, each event in its own transaction (one event's failure costs only its
    * own): one result per message, in order; `retry_ids()` lists those not to ack. Messages with
    * the same key are processed once, the others answered `duplicate` (or `conflict` for another
-   * request). A request that does not encode gets `failed`, a write that throws `retry`. Throws
+   * request). A request that does not encode gets `failed`; a write that throws, or an outcome
+   * its codec cannot encode (or a stored one it cannot decode), `retry`, naming which. Throws
    * `StoreError` when the store fails (ack none: the events committed so far are answered from
    * the log when redelivered).
    */
@@ -191,6 +192,12 @@ class TransactionGate {
             result = result_type::because(Status::retry, e.what());
           } catch (const StoreError&) {
             throw;
+          } catch (const CodecError& e) {
+            result = result_type::because(
+                Status::retry, std::string("the outcome's codec threw: ") + e.what() +
+                                   "; a new outcome was rolled back with its write, a stored one "
+                                   "stays as it was. Do not ack: fix the codec, and the "
+                                   "redelivery runs the event or answers it from the log");
           } catch (const std::exception& e) {
             result = result_type::because(
                 Status::retry, std::string("the business write threw: ") + e.what() +
@@ -244,7 +251,8 @@ class TransactionGate {
         // A COMMIT whose reply was lost and was found landed on the next attempt: its outcome is
         // the stored one, decoded.
         if (!produced) produced.emplace(codec<Outcome>::decode(done.result));
-        return result_type::with(Status::processed, std::move(*produced));
+        return result_type::with(Status::processed, std::move(*produced))
+            .set_took_over(done.taken_over);
       case OnceResult::Kind::existing:
         return detail::answer_existing<Outcome>(done.found);
       case OnceResult::Kind::busy:

@@ -240,6 +240,7 @@ TEST_F(PgBouncerTransactionPooling, EveryCallLeavesNothingInTheSessionOfTheServe
     PostgresStore store(pool1, {.table = log,
                                 .checkout_timeout = 5s,
                                 .relaxed_reservations = true,
+                                .relaxed_outcomes = true,
                                 .pooling = PostgresPooling::transaction});
     store.migrate();
     const std::string request = "request";

@@ -199,8 +199,7 @@ TEST_F(PostgresFaults, AOneTransactionWriteThatCommitsItselfLeavesItsEventEscala
   EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings), 1) << "the write's own COMMIT held";
   const auto again = gate.process(key, {"MSKU7000039", "2025-06-09T07:00"});
   EXPECT_EQ(again.status(), Status::escalated);
-  EXPECT_NE(again.reason().find("ended its own transaction"), std::string::npos)
-      << again.reason();
+  EXPECT_NE(again.reason().find("ended its own transaction"), std::string::npos) << again.reason();
   EXPECT_EQ(pg_count("SELECT count(*) FROM " + bookings), 1);
 }
 
@@ -377,6 +376,121 @@ TEST(PostgresRestart, ServerRestartMidRunOfAThousandEventsLosesAndDoublesNothing
   EXPECT_EQ(report.errors, 0u) << report.first_error;
   expect_every_claim_under_its_events_key(fake, "restart", 1000);
   expect_invariants(uri, log, bookings, 1000);
+}
+
+// Relaxed outcomes (PostgresOptions::relaxed_outcomes), on every path that commits a Gate's
+// outcomes: two events processed and acked, then the database crashes. The outcomes its crash
+// loses (the batch's both, or the last single event's: the next reservation's durable commit
+// flushes the one before it) are rows in flight again under their durable reservations, without
+// their bookings, and the reconciler finishes each under its original key: the slot the
+// terminal handed out, one booking, no second claim. Without the option the same crash loses
+// nothing.
+class CrashAfterOutcomes : public ::testing::TestWithParam<std::tuple<const char*, bool>> {};
+
+TEST_P(CrashAfterOutcomes, AnAckedOutcomeIsKeptOrFinishedByTheReconciler) {
+  const std::string path = std::get<0>(GetParam());
+  const bool relaxed = std::get<1>(GetParam());
+  // The WAL writer waits 10 s and the background writer writes no pages, so a commit that did
+  // not wait for its flush is still in the WAL buffers when the server crashes.
+  idemgate::test::PgCluster cluster("-c wal_writer_delay=10s -c bgwriter_lru_maxpages=0");
+  const std::string uri = cluster.uri(), log = "idemgate_log", bookings = "bookings";
+  pg_exec_on(uri, idemgate::test::bookings_ddl(bookings));
+  FakeTerminal<> fake;
+  const std::vector<SlotRequest> requests{{"MSKU1000001", "w"}, {"MSKU1000002", "w"}};
+  std::vector<idemgate::BatchMessage<SlotRequest>> batch;
+  for (const SlotRequest& r : requests)
+    batch.push_back({r.container, idemgate::derive_key("relaxed outcomes", r.container), r});
+  std::vector<Status> answers;
+  {
+    PostgresStore store(uri, {.table = log, .relaxed_outcomes = relaxed});
+    store.migrate();
+    EXPECT_EQ(store.relaxed_outcomes(), relaxed);
+    const auto run = [&](auto&& gate) {
+      if (path == "batch" || path == "bulk") {
+        for (const auto& item : gate.process_batch(batch).items())
+          answers.push_back(item.result.status());
+      } else {
+        for (const auto& message : batch)
+          answers.push_back(gate.process(message.key, message.request).status());
+      }
+    };
+    if (path == "bulk")
+      run(Gate{"ect.claim_slot",
+               store,
+               fake,
+               idemgate::test::PgBulkBookingWriter{bookings},
+               {.lease = 300ms}});
+    else
+      run(Gate{"ect.claim_slot",
+               store,
+               fake,
+               idemgate::test::PgBookingWriter{bookings},
+               {.lease = 300ms, .coalesce = {.enabled = path == "coalesced"}}});
+  }
+  ASSERT_EQ(answers, std::vector<Status>(2, Status::processed)) << "both acked";
+  ASSERT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + bookings), 2);
+  cluster.crash();
+  cluster.start();
+
+  const std::int64_t lost = !relaxed ? 0 : (path == "batch" || path == "bulk") ? 2 : 1;
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + log + " WHERE status = 'in_flight'"), lost)
+      << "rows whose acked outcome the crash lost";
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + log), 2) << "every reservation survives";
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + bookings), 2 - lost);
+  idemgate::test::expect_no_half_state(uri, log, bookings);
+
+  PostgresStore store(uri, {.table = log});
+  Gate gate{
+      "ect.claim_slot", store, fake, idemgate::test::PgBookingWriter{bookings}, {.lease = 300ms}};
+  Reconciler reconciler{gate, {.interval = 1min, .stale_after = 0ms, .batch = 10}};
+  std::size_t found = 0;
+  for (int i = 0; i < 100 && found < static_cast<std::size_t>(lost); ++i) {
+    std::this_thread::sleep_for(50ms);  // until the leases taken before the crash run out
+    const auto report = reconciler.run_once();
+    EXPECT_EQ(report.errors, 0u) << report.first_error;
+    found += report.found;
+  }
+  EXPECT_EQ(found, static_cast<std::size_t>(lost)) << "each finished from the terminal's answer";
+  EXPECT_EQ(fake.calls(), 2) << "no event claimed twice";
+  expect_every_claim_under_its_events_key(fake, "relaxed outcomes", 2);
+  expect_invariants(uri, log, bookings, 2);
+  for (const auto& message : batch)
+    EXPECT_EQ(gate.process(message.key, message.request).status(), Status::duplicate);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryCommitPath, CrashAfterOutcomes,
+    ::testing::Combine(::testing::Values("single", "coalesced", "batch", "bulk"),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<CrashAfterOutcomes::ParamType>& param_info) {
+      return std::string(std::get<0>(param_info.param)) +
+             (std::get<1>(param_info.param) ? "_relaxed" : "_durable");
+    });
+
+// A TransactionGate's commit is the only record of its event: it waits for its flush even on a
+// store with relaxed outcomes, and the same crash keeps the row and its booking.
+TEST(RelaxedOutcomes, AOneTransactionCommitStaysDurable) {
+  idemgate::test::PgCluster cluster("-c wal_writer_delay=10s -c bgwriter_lru_maxpages=0");
+  const std::string uri = cluster.uri(), log = "idemgate_log", bookings = "bookings";
+  pg_exec_on(uri, idemgate::test::bookings_ddl(bookings));
+  const Key key = idemgate::derive_key("relaxed outcomes", "one transaction");
+  {
+    PostgresStore store(uri, {.table = log, .relaxed_outcomes = true});
+    store.migrate();
+    idemgate::TransactionGate<
+        PostgresStore, SlotRequest, std::string,
+        std::function<std::string(pqxx::work&, const Key&, const SlotRequest&)>>
+        gate("ect.claim_slot", store, [&](pqxx::work& tx, const Key& k, const SlotRequest& r) {
+          idemgate::test::PgBookingWriter{bookings}(tx, k, r, "own-slot");
+          return std::string("own-slot");
+        });
+    ASSERT_EQ(gate.process(key, {"MSKU1000003", "w"}).status(), Status::processed);
+  }
+  cluster.crash();
+  cluster.start();
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + log + " WHERE status = 'committed'"), 1)
+      << "the crash lost an acked one-transaction event";
+  EXPECT_EQ(pg_count_on(uri, "SELECT count(*) FROM " + bookings), 1);
 }
 
 TEST(RelaxedReservations, AnInFlightAnswerRestsOnAReservationThatSurvivesACrash) {

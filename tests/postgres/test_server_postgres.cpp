@@ -1,6 +1,7 @@
 // The server side (server/) over PostgreSQL through the cpp-httplib adapter, on loopback: the
 // same scenarios as over SQLite, and a handler taken over after its lease.
 
+#include "support/pg_cluster.hpp"
 #include "support/postgres.hpp"
 #include "support/server_scenarios.hpp"
 
@@ -125,6 +126,38 @@ TEST_F(PostgresServer, AGiveBackTheServerRefusesIsLoggedCountedAndAnsweredWithTh
   EXPECT_EQ(endpoint.handle(request, handler).status, 201);
   EXPECT_EQ(runs, 2);
   EXPECT_EQ(claims.count(), 1);
+}
+
+// A response commits with its handler's writes and is their only record: the client holds its
+// 2xx and nothing would run the handler again. It waits for its flush even on a store with
+// relaxed outcomes, and a database crash right after it keeps the response and the writes.
+TEST(PostgresServerCrash, AResponseCommitStaysDurableWithRelaxedOutcomes) {
+  // The WAL writer waits 10 s and the background writer writes no pages, so a commit that did
+  // not wait for its flush is still in the WAL buffers when the server crashes.
+  PgCluster cluster("-c wal_writer_delay=10s -c bgwriter_lru_maxpages=0");
+  const PgClaims claims{cluster.uri(), "srv_claims"};
+  {
+    PostgresOptions options;
+    options.table = claims.table;
+    options.relaxed_outcomes = true;
+    PostgresStore store{cluster.uri(), options};
+    store.migrate();
+    claims.create();
+    server::Endpoint endpoint{"claims.api", store};
+    const server::Request request{"POST", "/claims", "\"durable\"", "text/plain", "body",
+                                  "acme", ""};
+    const auto response = endpoint.handle(request, [&](pqxx::work& tx, const server::Request& r) {
+      claims.insert(tx, r.client);
+      return server::Response{201, {{"Content-Type", "text/plain"}}, "claimed"};
+    });
+    ASSERT_EQ(response.status, 201);
+  }
+  cluster.crash();
+  cluster.start();
+  EXPECT_EQ(claims.count(), 1) << "the crash lost the writes of a response the client holds";
+  EXPECT_EQ(pg_count_on(cluster.uri(),
+                        "SELECT count(*) FROM " + claims.table + " WHERE status = 'committed'"),
+            1);
 }
 
 }  // namespace

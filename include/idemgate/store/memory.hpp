@@ -219,7 +219,7 @@ class MemoryStore {
         }) != CommitStatus::committed)
       throw StoreError("idemgate: the memory store's row of key " + key.hex() +
                        " was taken over between its reservation and its commit");
-    return OnceResult::committed(std::move(result));
+    return OnceResult::committed(std::move(result), held.kind == Reservation::Kind::taken_over);
   }
 
   /// Stores a permanent failure, only if `fence` still holds.

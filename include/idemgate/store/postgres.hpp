@@ -384,6 +384,9 @@ class PostgresStore {
   /// Whether reservations skip the WAL flush (`PostgresOptions::relaxed_reservations`).
   [[nodiscard]] bool relaxed_reservations() const noexcept { return session_->relaxed(); }
 
+  /// Whether a `Gate`'s outcomes skip the WAL flush (`PostgresOptions::relaxed_outcomes`).
+  [[nodiscard]] bool relaxed_outcomes() const noexcept { return session_->relaxed_outcomes(); }
+
   /// Connections the store closed because a statement went unanswered for
   /// `PostgresOptions::reply_timeout` (a partition that nothing else reported).
   [[nodiscard]] std::size_t connections_cut() const noexcept { return session_->connections_cut(); }

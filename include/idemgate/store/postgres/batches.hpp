@@ -124,7 +124,7 @@ class Batches {
         const CommitItem& item = items[i];
         s_.run_business_write(item.key, [&] { business(tx, i); });
         const std::string update =
-            std::string(sql::postgres::open_transaction_check.text) + " " +
+            s_.outcome_check() + " " +
             s_.literal_text(sql::postgres::commit,
                             events.commit_literals(item.key, item.fence, item.result));
         if (pq::affected_rows(s_.checked(tx, update, item.key)) == 0) return false;  // moved
@@ -148,8 +148,8 @@ class Batches {
     const std::string literals[] = {"'" + gate_ + "'", pq::bytea_array_literal(keys),
                                     "'" + pq::bigint_array_param(fences) + "'::bigint[]",
                                     pq::bytea_array_literal(results)};
-    const std::string update = std::string(sql::postgres::open_transaction_check.text) + " " +
-                               s_.literal_text(sql::postgres::commit_bulk, literals);
+    const std::string update =
+        s_.outcome_check() + " " + s_.literal_text(sql::postgres::commit_bulk, literals);
     return commit_together(items, [&](Lease&, pqxx::work& tx) {
       s_.run_business_write(items[0].key, [&] { business(tx); });
       // Sent through the checked path like every fenced update after a business write; one row

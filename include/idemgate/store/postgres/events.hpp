@@ -95,7 +95,7 @@ class EventPath {
       // The update is an EXECUTE of the prepared commit, prepared here (outside the transaction)
       // if this connection has not yet: the server neither parses nor plans it per event.
       const std::string update =
-          std::string(sql::postgres::open_transaction_check.text) + " " +
+          s_.outcome_check() + " " +
           s_.execute_text(c, sql::postgres::commit, commit_literals(key, fence, result));
       pqxx::work tx(c.connection());
       // The business write goes first and the fenced update last, sent so that libpqxx checks
@@ -116,6 +116,8 @@ class EventPath {
       std::string result;
       s_.run_business_write(key, [&] { result = produce(tx); });
       // The result is known only now, inside the transaction: the update goes as its own text.
+      // It always waits for its flush: nothing would run a server's handler again for a
+      // response its client already holds, so relaxed outcomes do not apply.
       const std::string update =
           std::string(sql::postgres::open_transaction_check.text) + " " +
           s_.literal_text(sql::postgres::commit, commit_literals(key, fence, result));
@@ -182,8 +184,9 @@ class EventPath {
                   detail::held(found.status, pq::bool_field(row[4]), pq::bool_field(row[8]));
               const bool mine = pq::bool_field(row[7]);
               // This call's own earlier attempt committed: its COMMIT's reply was lost.
+              // (A fence past 1 is this call's own takeover: a new row starts at 1.)
               if (mine && found.status == RecordStatus::committed)
-                return OnceResult::committed(std::move(found.result));
+                return OnceResult::committed(std::move(found.result), fence > 1);
               switch (met(found.status, found.same_request, pq::bool_field(row[4]), mine)) {
                 case Met::own:
                   held = Reservation::acquired(fence);
@@ -222,7 +225,7 @@ class EventPath {
                                " changed under this transaction's own lock; nothing was "
                                "written. Do not ack.");
             tx.commit();
-            return OnceResult::committed(std::move(result));
+            return OnceResult::committed(std::move(result), held->fence > 1);
           },
           [&](std::exception_ptr error) -> std::optional<OnceResult> {
             try {

@@ -109,13 +109,17 @@ class GroupCommit {
                  std::vector<std::size_t>& refused, std::vector<std::size_t>& in_doubt) {
     const std::string savepoint(sql::postgres::item_savepoint.text);
     const std::string release(sql::postgres::release_item_savepoint.text);
+    const std::string relax =
+        s_.relaxed_outcomes() ? std::string(sql::postgres::relax_outcome.text) + " " : "";
     pqxx::work tx(lease.connection());
     std::optional<std::size_t> last;  // the item whose business write ran last
     for (std::size_t k = 0; k < open.size();) {
       const std::size_t i = open[k];
       const CommitItem& item = items[i];
+      // With relaxed outcomes the first statement also turns the flush off, outside every
+      // item's savepoint, so that no item's rollback takes it back.
       const std::string sql =
-          (k == 0 ? savepoint : release + "; " + savepoint) + "; " +
+          (k == 0 ? relax + savepoint : release + "; " + savepoint) + "; " +
           s_.literal_text(sql::postgres::commit,
                           events.commit_literals(item.key, item.fence, item.result));
       pqxx::result updated;

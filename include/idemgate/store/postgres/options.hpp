@@ -50,6 +50,17 @@ struct PostgresOptions {
   /// the downstream's idempotency key prevents a double effect. Off by default; a `Gate` refuses
   /// it with a downstream that does not honour keys.
   bool relaxed_reservations = false;
+  /// A `Gate`'s outcomes commit without waiting for the WAL flush (`SET LOCAL synchronous_commit
+  /// = off`, sent with the fenced update: no round trip added); reservations stay durable. A
+  /// database crash may lose the outcomes committed in its last moments, after their callers
+  /// acked them: each of those rows is back in flight under its durable reservation, as if its
+  /// worker had died before the commit, and the reconciler finishes it under the original key
+  /// (the downstream's stored outcome and the business write again), so run one. The business
+  /// rows of those events are missing from the crash until the reconciler's pass. A later
+  /// durable commit on the server flushes every earlier one. `TransactionGate`'s commits and a
+  /// server endpoint's responses, the only record of their events, stay durable whatever this
+  /// says. Off by default.
+  bool relaxed_outcomes = false;
   /// What lies between the store and the server. Behind PgBouncer in transaction pooling mode,
   /// use `PostgresPooling::transaction`: a named statement prepared in one transaction is not
   /// there in the next, which may run on another server connection. It costs the server a parse

@@ -98,6 +98,16 @@ class Session {
   [[nodiscard]] ConnectionPool& renewal_pool() noexcept { return renewal_pool_; }
   /// Whether reservations skip the WAL flush (`PostgresOptions::relaxed_reservations`).
   [[nodiscard]] bool relaxed() const noexcept { return relaxed_pool_ != nullptr; }
+  /// Whether a `Gate`'s outcomes skip the WAL flush (`PostgresOptions::relaxed_outcomes`).
+  [[nodiscard]] bool relaxed_outcomes() const noexcept { return options_.relaxed_outcomes; }
+  /// What goes in front of a `Gate`'s fenced commit update, in its round trip: the check that
+  /// the business write left the transaction open and, with relaxed outcomes, the transaction's
+  /// own `synchronous_commit = off`.
+  [[nodiscard]] std::string outcome_check() const {
+    std::string check(sql::postgres::open_transaction_check.text);
+    if (options_.relaxed_outcomes) (check += ' ') += sql::postgres::relax_outcome.text;
+    return check;
+  }
   /// Whether a transaction pooler stands between the store and the server.
   [[nodiscard]] bool pooled_by_transaction() const noexcept {
     return options_.pooling == PostgresPooling::transaction;

@@ -149,7 +149,7 @@ class EventPath {
       s_.change(sql::sqlite::set_result, "committing", gate_, key, held.fence,
                 SqliteBlob{std::string_view(result)});
       s_.end_confirmed("commit", key);
-      return OnceResult::committed(std::move(result));
+      return OnceResult::committed(std::move(result), held.kind == Reservation::Kind::taken_over);
     });
   }
 

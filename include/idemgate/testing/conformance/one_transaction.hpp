@@ -52,6 +52,7 @@ TYPED_TEST_P(StoreConformance, OneTransactionCommitsTheRowItsOutcomeAndTheBusine
     const auto first = gate->process(key, "MSKU7000001");
     ASSERT_EQ(first.status(), Status::processed) << first.reason();
     EXPECT_EQ(first.outcome(), "slot for MSKU7000001");
+    EXPECT_FALSE(first.took_over()) << "a new key is no takeover";
     const auto row = this->store().find(key);
     ASSERT_TRUE(row.has_value());
     EXPECT_EQ(row->status, RecordStatus::committed);
@@ -103,7 +104,9 @@ TYPED_TEST_P(StoreConformance, OneTransactionTakesOverAStrandedRowAndAnswersEver
     const Key stranded = detail::key_of("one-transaction-stranded");
     ASSERT_EQ(this->reserve(stranded, "MSKU7000003", 1s).kind, Reservation::Kind::acquired);
     this->traits_.advance(2s);
-    EXPECT_EQ(gate->process(stranded, "MSKU7000003").status(), Status::processed);
+    const auto taken = gate->process(stranded, "MSKU7000003");
+    EXPECT_EQ(taken.status(), Status::processed);
+    EXPECT_TRUE(taken.took_over()) << "the answer says the stranded work was taken over";
     EXPECT_EQ(this->store().find(stranded)->fence, 2);
     EXPECT_EQ(this->store().find(stranded)->attempts, 2);
     // In flight under a live lease: answered in flight, nothing written.

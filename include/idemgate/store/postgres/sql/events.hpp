@@ -88,6 +88,12 @@ UPDATE {log}
 inline constexpr Statement open_transaction_check{
     "open_transaction_check", "", "SAVEPOINT idemgate_open; RELEASE SAVEPOINT idemgate_open;"};
 
+/// Sent after `open_transaction_check`, in the same round trip, with relaxed outcomes
+/// (`PostgresOptions::relaxed_outcomes`): this transaction's COMMIT does not wait for the WAL
+/// flush. Set for the transaction alone, so nothing stays on a pooled server connection.
+inline constexpr Statement relax_outcome{"relax_outcome", "",
+                                         "SET LOCAL synchronous_commit = off;"};
+
 /// Stores a permanent failure (fenced).
 inline constexpr Statement fail{"idemgate_fail", "$1 gate, $2 key, $3 fence, $4 reason", R"sql(
 UPDATE {log}
