@@ -1,6 +1,7 @@
 // The gate on PostgreSQL, each policy beside the baseline it is compared to:
 //   postgres/gate            one gated event (no-op downstream, 1 worker, durable reservation)
 //   postgres/gate_relaxed    the same with PostgresOptions::relaxed_reservations
+//   postgres/gate_relaxed_outcomes  the same with PostgresOptions::relaxed_outcomes instead
 //   postgres/gate_batch10    process_batch of 10 new events (figures per event)
 //   postgres/bare_insert     the business INSERT alone in its own transaction, same driver
 //   postgres/hand_loop       the gate's own statements (PostgresStore::statement_sql), same
@@ -113,6 +114,15 @@ GatedStore& relaxed_gate() {
   static GatedStore gated(settings.uri, [] {
     idemgate::PostgresOptions options = store_options(1);
     options.relaxed_reservations = true;
+    return options;
+  }());
+  return gated;
+}
+
+GatedStore& relaxed_outcomes_gate() {
+  static GatedStore gated(settings.uri, [] {
+    idemgate::PostgresOptions options = store_options(1);
+    options.relaxed_outcomes = true;
     return options;
   }());
   return gated;
@@ -273,7 +283,7 @@ void warm_up_process(std::chrono::milliseconds duration) {
   idemgate::bench::KeySource keys;
   // Every single-worker gate the latency runs compare, so none of them starts cold.
   const std::vector<PgGate*> gates{&durable_gate().gate, &relaxed_gate().gate,
-                                   &coalescing_gate().gate};
+                                   &relaxed_outcomes_gate().gate, &coalescing_gate().gate};
   const auto until = std::chrono::steady_clock::now() + duration;
   while (std::chrono::steady_clock::now() < until) {
     for (PgGate* gate : gates)
@@ -368,6 +378,8 @@ int main(int argc, char** argv) {
   };
   latency(benchmark::RegisterBenchmark("postgres/gate", gated_event, &durable_gate));
   latency(benchmark::RegisterBenchmark("postgres/gate_relaxed", gated_event, &relaxed_gate));
+  latency(benchmark::RegisterBenchmark("postgres/gate_relaxed_outcomes", gated_event,
+                                       &relaxed_outcomes_gate));
   latency(benchmark::RegisterBenchmark("postgres/gate_coalesced", gated_event, &coalescing_gate));
   benchmark::RegisterBenchmark("postgres/gate_batch10", gated_batch)
       ->Iterations(std::max<std::int64_t>(settings.events / 4, 3))

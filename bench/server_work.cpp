@@ -2,9 +2,14 @@
 // (scripts/bench --server-work). One worker, one event at a time, every event new:
 //   gate             gate.process with one business INSERT (prepared) in the commit transaction
 //   relaxed          the same gate with PostgresOptions::relaxed_reservations
+//   relaxed_outcomes the same gate with PostgresOptions::relaxed_outcomes (durable reservations)
 //   one_transaction  TransactionGate: the reservation, the same business INSERT and the row's
 //                    commit in one transaction (PostgresStore::commit_once)
 //   bare             BEGIN, the same prepared INSERT, COMMIT, on one connection of the same driver
+//   skeleton         the gate's shape with the narrowest statements: an autocommit INSERT of the
+//                    key into a one-column table, then BEGIN, the same business INSERT, an UPDATE
+//                    of that key's row, COMMIT (two durable commits, five round trips); between
+//                    bare and gate, it parts what the shape costs from what the log's rows cost
 //   round_trip       a prepared SELECT 1 in autocommit: what one empty round trip costs the server
 // Per event and per kind: the server's CPU (every server process, the exited ones included
 // through the postmaster's children's times), the CPU of the client backends alone, WAL bytes
@@ -188,13 +193,14 @@ class Source {
 
 class GateSource : public Source {
  public:
-  GateSource(const std::string& uri, bool relaxed)
+  GateSource(const std::string& uri, bool relaxed_reservations, bool relaxed_outcomes)
       : store_(
             uri,
-            [relaxed] {
+            [relaxed_reservations, relaxed_outcomes] {
               idemgate::PostgresOptions options;
               options.table = pg::log_table;
-              options.relaxed_reservations = relaxed;
+              options.relaxed_reservations = relaxed_reservations;
+              options.relaxed_outcomes = relaxed_outcomes;
               options.business_statements = {{pg::business_statement, pg::business_insert_sql()}};
               return options;
             }()),
@@ -251,6 +257,40 @@ class OneTransactionSource : public Source {
   idemgate::TransactionGate<idemgate::PostgresStore, std::string, std::string, Write> gate_;
 };
 
+// The gate's transactions and round trips with the narrowest statements that have its shape.
+class SkeletonSource : public Source {
+ public:
+  explicit SkeletonSource(const std::string& uri) : connection_(uri) {
+    namespace pq = idemgate::detail::pq;
+    pq::prepare(connection_, pg::business_statement, pg::business_insert_sql());
+    pq::prepare(connection_, hold, "INSERT INTO " + table + " (key) VALUES ($1::bytea)");
+    pq::prepare(connection_, settle, "UPDATE " + table + " SET done = true WHERE key = $1::bytea");
+  }
+  static std::string schema_sql() {
+    return "CREATE TABLE IF NOT EXISTS " + table +
+           " (key bytea PRIMARY KEY, done boolean NOT NULL DEFAULT false)";
+  }
+  void event(const idemgate::Key& key) override {
+    namespace pq = idemgate::detail::pq;
+    const std::string key_param = pg::bytea_text(key.view());
+    {
+      pqxx::nontransaction reservation(connection_);
+      pq::exec_prepared(reservation, hold, key_param);
+    }
+    pqxx::work tx(connection_);
+    pg::write_business(tx, key, idemgate::bench::outcome());
+    if (pq::affected_rows(pq::exec_prepared(tx, settle, key_param)) != 1)
+      throw std::runtime_error("the skeleton's row was not there to settle");
+    tx.commit();
+  }
+
+ private:
+  static inline const std::string table = "bench_skeleton";
+  static constexpr const char* hold = "bench_skeleton_hold";
+  static constexpr const char* settle = "bench_skeleton_settle";
+  pqxx::connection connection_;
+};
+
 // One empty round trip per event: a prepared SELECT 1 in autocommit.
 class RoundTripSource : public Source {
  public:
@@ -269,10 +309,11 @@ class RoundTripSource : public Source {
 };
 
 std::unique_ptr<Source> source_of(const std::string& kind, const std::string& uri) {
-  if (kind == "gate" || kind == "relaxed")
-    return std::make_unique<GateSource>(uri, kind == "relaxed");
+  if (kind == "gate" || kind == "relaxed" || kind == "relaxed_outcomes")
+    return std::make_unique<GateSource>(uri, kind == "relaxed", kind == "relaxed_outcomes");
   if (kind == "one_transaction") return std::make_unique<OneTransactionSource>(uri);
   if (kind == "bare") return std::make_unique<BareSource>(uri);
+  if (kind == "skeleton") return std::make_unique<SkeletonSource>(uri);
   if (kind == "round_trip") return std::make_unique<RoundTripSource>(uri);
   throw std::logic_error("no event source named " + kind);
 }
@@ -362,10 +403,11 @@ int main(int argc, char** argv) {
       pqxx::connection c(settings.uri);
       pqxx::nontransaction tx(c);
       tx.exec(pg::business_schema_sql());
+      tx.exec(SkeletonSource::schema_sql());
     }
     Monitor monitor(settings);
-    const std::vector<std::string> kinds{"gate", "relaxed", "one_transaction", "bare",
-                                         "round_trip"};
+    const std::vector<std::string> kinds{"gate", "relaxed",  "relaxed_outcomes", "one_transaction",
+                                         "bare", "skeleton", "round_trip"};
     std::map<std::string, std::vector<Figures>> rounds;
     for (int r = 0; r < settings.rounds; ++r) {
       // The order reverses every round, so a drift within a round favours no kind.
@@ -392,11 +434,11 @@ int main(int argc, char** argv) {
     }
     std::printf("per event, median of %d rounds of %d events (after %d untimed)\n", settings.rounds,
                 settings.events, settings.warm_up);
-    std::printf("%-15s %14s %14s %10s %12s %11s %9s %9s\n", "kind", "server_cpu_us",
+    std::printf("%-16s %14s %14s %10s %12s %11s %9s %9s\n", "kind", "server_cpu_us",
                 "backend_cpu_us", "wal_bytes", "round_trips", "statements", "plan_us", "exec_us");
     for (const std::string& kind : kinds) {
       const Figures& f = m[kind];
-      std::printf("%-15s %14.1f %14.1f %10.0f %12.2f %11.2f %9.1f %9.1f\n", kind.c_str(),
+      std::printf("%-16s %14.1f %14.1f %10.0f %12.2f %11.2f %9.1f %9.1f\n", kind.c_str(),
                   f.server_us, f.backends_us, f.wal, f.round_trips, f.statements, f.plan_us,
                   f.exec_us);
     }
@@ -415,8 +457,25 @@ int main(int argc, char** argv) {
     const Figures& g = m["gate"];
     const Figures& b = m["bare"];
     const Figures& x = m["relaxed"];
-    const Figures& o = m["one_transaction"];
+    const Figures& y = m["relaxed_outcomes"];
+    const Figures& k = m["skeleton"];
     const Figures& t = m["round_trip"];
+    // A ratio is the median of the rounds' own ratios: the two kinds of a round ran minutes
+    // apart at most, so a slow stretch of the machine moves both.
+    const auto ratio = [&](const std::string& kind, const std::string& base) {
+      std::vector<double> per_round;
+      for (std::size_t r = 0; r < rounds[kind].size() && r < rounds[base].size(); ++r)
+        if (rounds[base][r].server_us > 0)
+          per_round.push_back(rounds[kind][r].server_us / rounds[base][r].server_us);
+      return per_round.empty() ? 0.0 : median(per_round);
+    };
+    std::printf(
+        "\nserver CPU per event, median of the rounds' ratios: gate / bare %.2f, "
+        "relaxed_outcomes / bare %.2f, skeleton / bare %.2f, gate / skeleton %.2f, "
+        "relaxed_outcomes / gate %.2f, one_transaction / bare %.2f\n",
+        ratio("gate", "bare"), ratio("relaxed_outcomes", "bare"), ratio("skeleton", "bare"),
+        ratio("gate", "skeleton"), ratio("relaxed_outcomes", "gate"),
+        ratio("one_transaction", "bare"));
     std::printf(
         "{\"server_cpu_us_per_event\": %.1f, \"bare_server_cpu_us_per_event\": %.1f, "
         "\"server_cpu_per_event_vs_bare\": %.2f, \"backend_cpu_us_per_event\": %.1f, "
@@ -429,13 +488,21 @@ int main(int argc, char** argv) {
         "\"log_hot_update_fraction\": %.2f, \"relaxed_server_cpu_us_per_event\": %.1f, "
         "\"relaxed_server_cpu_per_event_vs_bare\": %.2f, \"relaxed_wal_bytes_per_event\": %.0f, "
         "\"relaxed_round_trips_per_event\": %.2f, \"one_transaction_vs_bare\": %.2f, "
-        "\"one_transaction_vs_gate\": %.2f, \"round_trip_server_cpu_us\": %.1f}\n",
-        g.server_us, b.server_us, b.server_us > 0 ? g.server_us / b.server_us : 0, g.backends_us,
-        b.backends_us, g.wal, b.wal, b.wal > 0 ? g.wal / b.wal : 0, g.round_trips, b.round_trips,
-        g.statements, b.statements, g.plan_us, g.exec_us, b.plan_us, b.exec_us, g.hot_fraction,
-        x.server_us, b.server_us > 0 ? x.server_us / b.server_us : 0, x.wal, x.round_trips,
-        b.server_us > 0 ? o.server_us / b.server_us : 0,
-        g.server_us > 0 ? o.server_us / g.server_us : 0, t.server_us);
+        "\"one_transaction_vs_gate\": %.2f, \"one_transaction_vs_bare_target\": 1.3, "
+        "\"server_cpu_per_event_vs_bare_target\": 2.5, "
+        "\"relaxed_outcomes_server_cpu_us_per_event\": %.1f, "
+        "\"relaxed_outcomes_server_cpu_per_event_vs_bare\": %.2f, "
+        "\"relaxed_outcomes_wal_bytes_per_event\": %.0f, "
+        "\"relaxed_outcomes_round_trips_per_event\": %.2f, "
+        "\"skeleton_server_cpu_us_per_event\": %.1f, \"skeleton_vs_bare\": %.2f, "
+        "\"gate_vs_skeleton\": %.2f, \"round_trip_server_cpu_us\": %.1f}\n",
+        g.server_us, b.server_us, ratio("gate", "bare"), g.backends_us, b.backends_us, g.wal, b.wal,
+        b.wal > 0 ? g.wal / b.wal : 0, g.round_trips, b.round_trips, g.statements, b.statements,
+        g.plan_us, g.exec_us, b.plan_us, b.exec_us, g.hot_fraction, x.server_us,
+        ratio("relaxed", "bare"), x.wal, x.round_trips, ratio("one_transaction", "bare"),
+        ratio("one_transaction", "gate"), y.server_us, ratio("relaxed_outcomes", "bare"), y.wal,
+        y.round_trips, k.server_us, ratio("skeleton", "bare"), ratio("gate", "skeleton"),
+        t.server_us);
   } catch (const std::exception& e) {
     std::cerr << "server_work: " << e.what() << "\n";
     return 1;
