@@ -120,6 +120,20 @@ TEST_F(PostgresOptionsTest, CommitAttemptsOutsideOneToAHundredIsRefused) {
   EXPECT_NO_THROW((PostgresStore(uri, {.table = log, .commit_attempts = 100})));
 }
 
+// Relaxed reservations and relaxed outcomes each keep one of an event's two commits durable;
+// both together would ack an event that a database crash can erase without a trace.
+TEST_F(PostgresOptionsTest, RelaxedReservationsAndRelaxedOutcomesTogetherAreRefused) {
+  expect_refused(
+      [&] {
+        PostgresStore store(nowhere, {.relaxed_reservations = true, .relaxed_outcomes = true});
+      },
+      "PostgresOptions::relaxed_reservations and relaxed_outcomes", "turn one of them off",
+      "both on");
+  EXPECT_TRUE(
+      PostgresStore(uri, {.table = log, .relaxed_reservations = true}).relaxed_reservations());
+  EXPECT_TRUE(PostgresStore(uri, {.table = log, .relaxed_outcomes = true}).relaxed_outcomes());
+}
+
 TEST_F(PostgresOptionsTest, PurgeOlderThanMaxDeletesNothing) {
   auto store = make_store();
   const Reservation r = store->reserve(key, fingerprint, "request", 1min);

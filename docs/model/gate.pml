@@ -7,9 +7,14 @@
  * Configurations (cpp switches, given to spin as -D...):
  *   (none)      a downstream that honours Idempotency-Key and can look up by key; durable
  *               reservations; operator re-drive of failed events; retention
- *   RELAXED=1   relaxed reservations: a database crash loses unflushed reservations/takeovers
+ *   RELAXED=m   relaxed writes, a mask: 1 relaxed reservations (a database crash loses
+ *               unflushed reservations/takeovers); 2 relaxed outcomes (a Gate's outcome commits,
+ *               the reconciler's included: a database crash loses unflushed ones, the row back in
+ *               flight under its fence and its business row gone, while the caller's ack stands);
+ *               3 both. With ONCE, only 2: a TransactionGate's commit stays durable
  *   NOKEYS      a downstream that ignores keys (it can still look up); relaxed reservations are
- *               off, as Gate refuses them with such a downstream
+ *               off, as Gate refuses them with such a downstream (and relaxed outcomes: its gate
+ *               never has an outcome to commit)
  *   POISON      the business write throws on every attempt; a message is dead-lettered after
  *               MAXDELIV deliveries, and the row must end escalated
  *   NOREDRIVE   no operator re-drive
@@ -83,6 +88,11 @@
 #else
 #define NR 1
 #endif
+#define RELAXED_RESERVATIONS (RELAXED & 1)
+#define RELAXED_OUTCOMES (RELAXED & 2)
+#if RELAXED_RESERVATIONS && RELAXED_OUTCOMES
+#error "RELAXED=3: the store refuses relaxed reservations and relaxed outcomes together (D3)"
+#endif
 #if RELAXED && NR > 1
 #error "RELAXED is checked on one row: with two, flush() would have to flush both"
 #endif
@@ -92,8 +102,8 @@
 #if defined(HEARTBEAT) && (!HONOURS || THROWS)
 #error "HEARTBEAT is checked with a downstream that honours keys, without POISON"
 #endif
-#if defined(ONCE) && (RELAXED || NR > 1 || !HONOURS || THROWS || defined(HEARTBEAT) || \
-                      defined(UPGRADE))
+#if defined(ONCE) && (RELAXED_RESERVATIONS || NR > 1 || !HONOURS || THROWS || \
+                      defined(HEARTBEAT) || defined(UPGRADE))
 #error "ONCE is checked on one row, durable reservations, without POISON, HEARTBEAT, UPGRADE"
 #endif
 #if defined(MIXED) && !defined(ONCE)
@@ -198,6 +208,9 @@ byte bizout[NR]; /* the outcome the business row was written with */
 byte dsout[NR];  /* the outcome the downstream holds under the key (0: none) */
 byte dsseen[NR]; /* every outcome the downstream ever produced for the event (bits: A = 1, B = 2) */
 byte dscalls;    /* calls of a downstream that ignores keys */
+#if RELAXED_OUTCOMES
+byte dbiz[NR], dbizout[NR]; /* the business table as the flushed WAL holds it */
+#endif
 
 /* ---- environment and ghosts ---- */
 bit P1_, P2_, P3_, P4_, P5_, P6_, P7_, P8_, P9_; /* always 0: they name the property in a
@@ -211,11 +224,15 @@ bool gone_final[NR]; /* retention deleted the row after it was committed or fail
 byte wacked;         /* a bit per worker whose message was acked (or dead-lettered) */
 byte cur[NP];        /* the token of the attempt each process is running (0: none) */
 
-/* A synchronous commit flushes the WAL: everything written so far is durable. (With two rows
-   every write is synchronous, so the other row is durable already.) */
+/* A synchronous commit flushes the WAL: everything written so far is durable, the business
+   table's unflushed rows included. (With two rows every write is synchronous, so the other row
+   is durable already.) */
 inline flush() {
   dex[k] = rex[k]; dst[k] = rst[k]; dfence[k] = rfence[k]; dhold[k] = rhold[k];
   dlive[k] = rlive[k]; datt[k] = ratt[k]; dout[k] = rout[k];
+#if RELAXED_OUTCOMES
+  dbiz[k] = biz[k]; dbizout[k] = bizout[k];
+#endif
   if
   :: dex[k] -> assert(!P4_ && dfence[k] >= hi[k]); /* fences never decrease */
      hi[k] = dfence[k]
@@ -225,7 +242,18 @@ inline flush() {
 
 /* A reservation or takeover: durable at once, or (relaxed) only at the next flush. */
 inline relaxed_write() {
-#if RELAXED
+#if RELAXED_RESERVATIONS
+  skip
+#else
+  flush()
+#endif
+}
+
+/* A Gate's outcome commit (the business write and the row committed with its result, the
+   reconciler's too): durable at once, or (relaxed outcomes: SET LOCAL synchronous_commit = off)
+   only at the next flush, which any later synchronous commit brings. */
+inline outcome_write() {
+#if RELAXED_OUTCOMES
   skip
 #else
   flush()
@@ -233,7 +261,9 @@ inline relaxed_write() {
 }
 
 /* Safety properties that hold in every state a store transaction leaves: P1 one business row
-   per event; P2 a committed row has its business row, written with the row's outcome; P3 one
+   per event; P2 a committed row has its business row, written with the row's outcome (with
+   relaxed outcomes, and a business row its committed row, or the row was purged after it
+   committed); P3 one
    downstream outcome per key, and it is the log's; P4 fences never decrease. With ONCE, P10: no
    row is in flight under a one-transaction delivery's holder (its token, which its takeover
    stores too). */
@@ -249,9 +279,16 @@ inline relaxed_write() {
 #else
 #define LOG_OUT(i) (rout[i] == dsout[i])
 #endif
+#if RELAXED_OUTCOMES
+/* ... and a business row its committed row: a crash parts them nowhere else */
+#define P2_BACK(i) assert(!P2_ && (biz[i] == 0 || (rex[i] && rst[i] == COM) || gone_final[i]));
+#else
+#define P2_BACK(i)
+#endif
 #define INVARIANTS(i) \
   assert(!P1_ && biz[i] <= 1); \
   assert(!P2_ && (!(rex[i] && rst[i] == COM) || (biz[i] == 1 && bizout[i] == rout[i]))); \
+  P2_BACK(i) \
   assert(!P3_ && dsseen[i] != 3); \
   assert(!P3_ && (!(rex[i] && rst[i] == COM) || LOG_OUT(i))); \
   assert(!P4_ && (!rex[i] || rfence[i] >= hi[i]))
@@ -361,7 +398,7 @@ inline reserve_stmt() {
         :: rst[k] == INF && !rlive[k] -> ans = R_EXPIRED
         :: else ->
            ans = R_EXIST;
-#if RELAXED
+#if RELAXED_RESERVATIONS
            /* PostgresStore::make_durable: before an in-flight row is answered "in flight", a
               synchronous commit flushes the WAL, the other attempt's reservation included
               (were the database to crash first, the call would fail and not be acked). */
@@ -443,8 +480,19 @@ inline settled_state() {
   assert(!P5_ && (!acking || res != C_LOST || (rex[k] && (rst[k] != INF || rfence[k] > hf)))); \
   CARRIED_CHECK(res == C_LOST && rst[k] == INF)
 
+/* P5 across a database crash (RELAXED): what a crash would leave of the row, its durable copy,
+   carries the event too: settled, or in flight for the reconciler to finish; or, with no row
+   left, another worker's message is not acked yet (its redelivery reserves the key anew). An
+   answer may rest on an unflushed row (a relaxed outcome's processed, a duplicate read from
+   it), but not on one whose loss would leave the event to nobody. */
+#if RELAXED
+#define SURVIVES ((dex[k] && (dst[k] != INF || NREC > 0)) || (wacked | (1 << w)) != ALLW)
+#define ACK_CHECK assert(!P5_ && SURVIVES);
+#else
+#define ACK_CHECK
+#endif
 /* The message is acked: at once, with the answer it rests on. */
-#define ACK wacked = wacked | (1 << w); cur[w] = 0; fin = 1
+#define ACK ACK_CHECK wacked = wacked | (1 << w); cur[w] = 0; fin = 1
 #define ACK_OR_DIE \
   if \
   :: ACK \
@@ -491,13 +539,14 @@ inline release_stmt() {
 }
 
 /* The commit transaction (PostgresStore::commit): the business write, then the fenced update,
-   then COMMIT; atomic, as the database makes it. */
+   then COMMIT; atomic, as the database makes it. With relaxed outcomes its COMMIT does not wait
+   for the flush: a database crash before the next one loses the transaction whole. */
 inline commit_tx() {
   if
   :: rex[k] && rst[k] == INF && rfence[k] == hf ->
      assert(!P7_ && rfence[k] == hf); /* only the holder of the current fence commits */
      OWN_ROW;
-     biz[EV]++; bizout[EV] = ans; rst[k] = COM; rout[k] = ans; flush(); invariants();
+     biz[EV]++; bizout[EV] = ans; rst[k] = COM; rout[k] = ans; outcome_write(); invariants();
      landed = 1
   :: else -> landed = 0
   fi
@@ -736,7 +785,9 @@ acked:
 /* The transaction's writes, applied at COMMIT: the reservation's insert (fence 1, the call's
    token) or its takeover (idemgate_take_over: fence + 1, the call's token), the business write, the
    fenced update to committed. Nothing of it is seen before COMMIT, and the key is held until
-   then, so the row is still as the reservation met it. (A committed row's lease is never read.) */
+   then, so the row is still as the reservation met it. (A committed row's lease is never read.)
+   Its COMMIT is synchronous whatever the store's relaxed outcomes say: the row is the event's
+   only record, with no reconciler to finish it. */
 inline once_commit() {
   OWN_ROW;
   if
@@ -1125,17 +1176,26 @@ end_heartbeat:
 #endif
 
 #if RELAXED
-/* A database crash: writes not yet flushed (relaxed reservations and takeovers) are lost. */
+/* A database crash: writes not yet flushed (relaxed reservations and takeovers, relaxed outcome
+   commits with their business rows) are lost; the row falls back to its durable copy (with
+   relaxed outcomes: in flight under the fence it was committed with, its lease running out as
+   time goes on). An acked message stays acked. With ONCE, a crash while a one-transaction
+   delivery's transaction is open is that transaction cut before COMMIT and rolled back, then the
+   crash: the crash waits for the key to be free. */
 active proctype DatabaseCrash() {
 end_crash:
   do
   :: atomic {
-       FAULT(F_DB) &&
+       FAULT(F_DB) && FREE(0) &&
        (rex[0] != dex[0] || rst[0] != dst[0] || rfence[0] != dfence[0] || rhold[0] != dhold[0] ||
         ratt[0] != datt[0]) ->
        faults++;
        rex[0] = dex[0]; rst[0] = dst[0]; rfence[0] = dfence[0]; rhold[0] = dhold[0];
-       rlive[0] = dlive[0]; ratt[0] = datt[0]; rout[0] = dout[0]; invariants()
+       rlive[0] = dlive[0]; ratt[0] = datt[0]; rout[0] = dout[0];
+#if RELAXED_OUTCOMES
+       biz[0] = dbiz[0]; bizout[0] = dbizout[0];
+#endif
+       invariants()
      }
   od
 }

@@ -240,9 +240,14 @@ TEST_F(PgBouncerTransactionPooling, EveryCallLeavesNothingInTheSessionOfTheServe
     PostgresStore store(pool1, {.table = log,
                                 .checkout_timeout = 5s,
                                 .relaxed_reservations = true,
-                                .relaxed_outcomes = true,
                                 .pooling = PostgresPooling::transaction});
     store.migrate();
+    // A relaxed outcome turns the flush off for its own commit transaction alone.
+    PostgresStore relaxed_outcomes(pool1, {.table = log,
+                                           .checkout_timeout = 5s,
+                                           .relaxed_outcomes = true,
+                                           .pooling = PostgresPooling::transaction});
+    reserve_and_commit(relaxed_outcomes, idemgate::derive_key("pgbouncer session", "outcome"));
     const std::string request = "request";
     const auto fingerprint = idemgate::detail::sha256(request);
     const Key committed = idemgate::derive_key("pgbouncer session", "committed");

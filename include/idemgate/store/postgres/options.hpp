@@ -59,7 +59,8 @@ struct PostgresOptions {
   /// rows of those events are missing from the crash until the reconciler's pass. A later
   /// durable commit on the server flushes every earlier one. `TransactionGate`'s commits and a
   /// server endpoint's responses, the only record of their events, stay durable whatever this
-  /// says. Off by default.
+  /// says. Off by default; refused together with `relaxed_reservations` (then nothing would
+  /// record an acked event durably).
   bool relaxed_outcomes = false;
   /// What lies between the store and the server. Behind PgBouncer in transaction pooling mode,
   /// use `PostgresPooling::transaction`: a named statement prepared in one transaction is not
@@ -182,6 +183,12 @@ namespace detail::postgres {
                            hours(24),
                            "It is how long migrate() waits for the server (default "
                            "2 min).");
+  if (options.relaxed_reservations && options.relaxed_outcomes)
+    throw std::invalid_argument(
+        "idemgate: PostgresOptions::relaxed_reservations and relaxed_outcomes are both on: an "
+        "event would be acked with neither its reservation nor its outcome flushed, and a "
+        "database crash would leave no record of it for anyone to finish; turn one of them off "
+        "(relaxed_outcomes keeps the reservation durable, relaxed_reservations the outcome).");
   if (options.business_statements.size() > PostgresOptions::max_business_statements)
     throw std::invalid_argument(
         "idemgate: PostgresOptions::business_statements holds " +
