@@ -110,21 +110,22 @@ GatedStore& durable_gate() {
   return gated;
 }
 
+// One connection, with one of the relaxed options on.
+idemgate::PostgresOptions relaxed_options(bool idemgate::PostgresOptions::*relaxed) {
+  idemgate::PostgresOptions options = store_options(1);
+  options.*relaxed = true;
+  return options;
+}
+
 GatedStore& relaxed_gate() {
-  static GatedStore gated(settings.uri, [] {
-    idemgate::PostgresOptions options = store_options(1);
-    options.relaxed_reservations = true;
-    return options;
-  }());
+  static GatedStore gated(settings.uri,
+                          relaxed_options(&idemgate::PostgresOptions::relaxed_reservations));
   return gated;
 }
 
 GatedStore& relaxed_outcomes_gate() {
-  static GatedStore gated(settings.uri, [] {
-    idemgate::PostgresOptions options = store_options(1);
-    options.relaxed_outcomes = true;
-    return options;
-  }());
+  static GatedStore gated(settings.uri,
+                          relaxed_options(&idemgate::PostgresOptions::relaxed_outcomes));
   return gated;
 }
 

@@ -65,6 +65,10 @@ class Session {
   Session(const std::string& uri, PostgresOptions options)
       : options_(checked_options(std::move(options))),
         table_(checked_table_name(options_.table)),
+        outcome_check_(std::string(sql::postgres::open_transaction_check.text) +
+                       (options_.relaxed_outcomes
+                            ? " " + std::string(sql::postgres::relax_outcome.text)
+                            : std::string())),
         errors_(table_),
         pool_(uri, options_.pool_size, options_.checkout_timeout, settings({})),
         renewal_pool_(uri, 1, options_.checkout_timeout, settings({}), false) {
@@ -103,11 +107,7 @@ class Session {
   /// What goes in front of a `Gate`'s fenced commit update, in its round trip: the check that
   /// the business write left the transaction open and, with relaxed outcomes, the transaction's
   /// own `synchronous_commit = off`.
-  [[nodiscard]] std::string outcome_check() const {
-    std::string check(sql::postgres::open_transaction_check.text);
-    if (options_.relaxed_outcomes) (check += ' ') += sql::postgres::relax_outcome.text;
-    return check;
-  }
+  [[nodiscard]] const std::string& outcome_check() const noexcept { return outcome_check_; }
   /// Whether a transaction pooler stands between the store and the server.
   [[nodiscard]] bool pooled_by_transaction() const noexcept {
     return options_.pooling == PostgresPooling::transaction;
@@ -437,6 +437,7 @@ class Session {
 
   PostgresOptions options_;
   std::string table_;
+  std::string outcome_check_;  // see outcome_check()
   LogErrors errors_;
   std::array<std::string, std::size(sql::postgres::prepared)> prepared_text_;
   std::array<std::string, std::size(sql::postgres::prepared)> prepared_name_;
