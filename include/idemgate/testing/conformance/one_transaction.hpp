@@ -216,9 +216,11 @@ TYPED_TEST_P(StoreConformance, ADuplicateWaitsForAnOpenTransactionOnlyUpToTheLoc
     EXPECT_EQ(this->traits_.business_rows_for(key), 1);
 
     // With a bound longer than the transaction, the duplicate waits and is answered from it.
+    std::atomic<bool> writing{false};
     auto patient = detail::transaction_gate(this->gate_name, this->store(),
                                             [&](auto& tx, const Key& k, const std::string& box) {
                                               this->traits_.write_business(tx, k);
+                                              writing = true;
                                               std::this_thread::sleep_for(50ms);
                                               return "slot for " + box;
                                             },
@@ -226,7 +228,12 @@ TYPED_TEST_P(StoreConformance, ADuplicateWaitsForAnOpenTransactionOnlyUpToTheLoc
     const Key second = detail::key_of("one-transaction-patient");
     std::thread a(
         [&] { EXPECT_EQ(patient->process(second, "MSKU7000008").status(), Status::processed); });
-    std::this_thread::sleep_for(10ms);
+    // The duplicate comes once the first delivery is inside its transaction (a fixed pause let
+    // a busy machine start the duplicate first).
+    for (const auto until = std::chrono::steady_clock::now() + 10s;
+         !writing && std::chrono::steady_clock::now() < until;)
+      std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(writing) << "the first delivery never reached its write";
     const auto waited = patient->process(second, "MSKU7000008");
     a.join();
     EXPECT_TRUE(waited.status() == Status::duplicate || waited.status() == Status::processed)
