@@ -85,7 +85,36 @@ struct PostgresTraits {
   std::unique_ptr<Store> store;
 };
 
+/// PostgresStore on a log of generations (`PostgresOptions::partitioned_log`): every move of the
+/// clock also starts the next generation, so each key a test meets again after time passed is
+/// found in an older generation than the one reservations write into.
+struct PartitionedPostgresTraits : PostgresTraits {
+  void set_up() {
+    PostgresTraits::set_up();
+    if (::testing::Test::HasFatalFailure()) return;
+    namespace t = idemgate::test;
+    store = std::make_unique<Store>(t::store_uri(uri), t::store_options({.table = log,
+                                                                          .pool_size = 8,
+                                                                          .checkout_timeout = 5s,
+                                                                          .partitioned_log = true}));
+    store->migrate();
+  }
+  void tear_down() {
+    PostgresTraits::tear_down();
+    if (!uri.empty())
+      idemgate::test::pg_exec("DROP TABLE IF EXISTS " + log + "_generations, " + log +
+                              "_migrations");
+  }
+  void advance(std::chrono::milliseconds by) {
+    PostgresTraits::advance(by);
+    store->start_generation();
+  }
+};
+
 namespace idemgate::testing {
 INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, StoreConformance, PostgresTraits);
 INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, SqlStoreConformance, PostgresTraits);
+INSTANTIATE_TYPED_TEST_SUITE_P(PartitionedPostgres, StoreConformance, PartitionedPostgresTraits);
+INSTANTIATE_TYPED_TEST_SUITE_P(PartitionedPostgres, SqlStoreConformance,
+                               PartitionedPostgresTraits);
 }  // namespace idemgate::testing

@@ -12,6 +12,7 @@
 #include "postgres/batches.hpp"
 #include "postgres/business_write.hpp"
 #include "postgres/events.hpp"
+#include "postgres/generations.hpp"
 #include "postgres/group_commit.hpp"
 #include "postgres/leases.hpp"
 #include "postgres/monitoring.hpp"
@@ -76,9 +77,11 @@ class PostgresStore {
 
   /// The log's schema for a table name as one script: the `<table>_migrations` table, then every
   /// numbered step (`migrations()`) with the record of it, each statement on its own (as psql runs
-  /// a script: the indexes are built concurrently). Shipped as `docs/schema.sql`.
-  [[nodiscard]] static std::string schema_sql(const std::string& table = "idemgate_log") {
-    return detail::postgres::Schema::script(table);
+  /// a script: the indexes are built concurrently). Shipped as `docs/schema.sql`. With
+  /// `partitioned`, step 6 (`generations`) follows: the log of `PostgresOptions::partitioned_log`.
+  [[nodiscard]] static std::string schema_sql(const std::string& table = "idemgate_log",
+                                               bool partitioned = false) {
+    return detail::postgres::Schema::script(table, partitioned);
   }
 
   /// The numbered steps of the log's schema, oldest first, as data (`{log}` stands for the table).
@@ -357,9 +360,30 @@ class PostgresStore {
   /// rows, and of the versions the commits left behind, is reused at once rather than at
   /// autovacuum's next turn; a vacuum that fails (the role does not own the table) is logged
   /// and leaves the work to autovacuum.
+  ///
+  /// On a log of generations (`PostgresOptions::partitioned_log`) it first starts the next
+  /// generation when the current one began `older_than` ago or earlier, and ends by dropping
+  /// every older generation left empty (`drop_empty_generations`): their space goes back at once,
+  /// whatever snapshot another session holds.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
-    return monitoring().purge(older_than, batch);
+    if (session_->options().partitioned_log) generations_of_log().start_if_older_than(older_than);
+    const std::size_t deleted = monitoring().purge(older_than, batch);
+    if (session_->options().partitioned_log) generations_of_log().drop_empty();
+    return deleted;
   }
+
+  /// The generations of a partitioned log (`PostgresOptions::partitioned_log`), oldest first.
+  std::vector<LogGeneration> generations() { return generations_of_log().list(); }
+
+  /// Starts the next generation of a partitioned log now, once the reservations in flight in the
+  /// current one finished (`purge` does it when the current one is older than its window);
+  /// returns its number. Throws `StoreError` on a log without generations.
+  int start_generation() { return generations_of_log().start_next(); }
+
+  /// Drops each generation of a partitioned log older than the current one that holds no row
+  /// (detached without blocking writers, then dropped); returns how many. An interrupted detach
+  /// is finished. Throws `StoreError` on a log without generations.
+  std::size_t drop_empty_generations() { return generations_of_log().drop_empty(); }
 
   /// Deletes abandoned attempts: rows in flight whose lease ended and that nothing touched (no
   /// retry, no takeover, no reconciler pass) for `older_than`, `batch` rows per statement; never a
@@ -409,6 +433,9 @@ class PostgresStore {
   detail::postgres::Batches batches() { return detail::postgres::Batches(scope()); }
   detail::postgres::OperatorQueue operators() { return detail::postgres::OperatorQueue(scope()); }
   detail::postgres::Monitoring monitoring() { return detail::postgres::Monitoring(scope()); }
+  detail::postgres::Generations generations_of_log() {
+    return detail::postgres::Generations(scope());
+  }
   detail::postgres::Schema schema() { return detail::postgres::Schema(scope()); }
 
   // Everything the handles on one log share: options, statements and connection pools.

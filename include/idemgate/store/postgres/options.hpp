@@ -62,6 +62,15 @@ struct PostgresOptions {
   /// says. Off by default; refused together with `relaxed_reservations` (then nothing would
   /// record an acked event durably).
   bool relaxed_outcomes = false;
+  /// The log is a table partitioned by generation, so that its space goes back by dropping
+  /// whole generations rather than by vacuum, which a snapshot held open anywhere in the
+  /// database stops: `purge` starts a new generation once the current one is older than its
+  /// window, and drops each older generation its purges left empty. `migrate()` turns an
+  /// existing log into one online (its rows become generation 0). A reservation reads the
+  /// current generation in its statement and finds a key's row in any generation; starting a
+  /// generation waits for the reservations in flight (a lock, bounded by `lock_timeout` of the
+  /// purge's session). Every process of the log must set it alike. Off by default.
+  bool partitioned_log = false;
   /// What lies between the store and the server. Behind PgBouncer in transaction pooling mode,
   /// use `PostgresPooling::transaction`: a named statement prepared in one transaction is not
   /// there in the next, which may run on another server connection. It costs the server a parse

@@ -40,10 +40,13 @@ class Schema {
 
   /// The whole schema of the log `table` as one script, every step in order with the record of
   /// it (see `PostgresStore::schema_sql`).
-  [[nodiscard]] static std::string script(const std::string& table) {
+  [[nodiscard]] static std::string script(const std::string& table, bool partitioned = false) {
     std::string out =
         Session::render_for(table, sql::postgres::create_migrations.text, false) + ";\n";
-    for (const sql::Migration& step : sql::postgres::migrations) {
+    std::vector<sql::Migration> steps(std::begin(sql::postgres::migrations),
+                                      std::end(sql::postgres::migrations));
+    if (partitioned) steps.push_back(sql::postgres::generations_step);
+    for (const sql::Migration& step : steps) {
       out += "\n-- " + std::to_string(step.version) + " " + std::string(step.name) + ": " +
              std::string(step.summary) + "\n";
       for (std::string_view statement : step.statements)
@@ -196,8 +199,39 @@ class Schema {
                                     std::chrono::steady_clock::now() - started)});
       version = step.version;
     }
+    partition(runner, report, version);
     report.to_version = std::max(version, report.from_version);
     return report;
+  }
+
+  // Step 6 (`generations`), for a log of `PostgresOptions::partitioned_log` only; a partitioned
+  // log opened without the option is refused, since its reservations would not find the keys of
+  // earlier generations.
+  void partition(const Runner& runner, MigrationReport& report, int& version) {
+    const sql::Migration& step = sql::postgres::generations_step;
+    const bool partitioned =
+        pq::bool_field(runner.query(s_.render(sql::postgres::log_partitioned.text))[0][0]);
+    if (!s_.options().partitioned_log) {
+      if (partitioned)
+        throw StoreError("idemgate: " + s_.table() +
+                         " is partitioned by generation; open it with "
+                         "PostgresOptions::partitioned_log = true, as every process of this log "
+                         "must.");
+      return;
+    }
+    if (version >= step.version) return;
+    if (partitioned) {
+      record(runner, step, "found in place");
+      report.found.push_back({step.version, std::string(step.name), std::string(step.summary)});
+    } else {
+      const auto started = std::chrono::steady_clock::now();
+      for (std::string_view statement : step.statements) runner.step(statement);
+      record(runner, step, "");
+      report.applied.push_back({step.version, std::string(step.name), std::string(step.summary),
+                                std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::steady_clock::now() - started)});
+    }
+    version = step.version;
   }
 
   // Runs one migration statement on its own, outside a transaction block. A CREATE INDEX

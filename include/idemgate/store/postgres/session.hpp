@@ -119,13 +119,17 @@ class Session {
   }
 
   /// An SQL text of the store's dialect with its placeholders filled for this log.
-  [[nodiscard]] std::string render(std::string_view text) const { return render_for(table_, text); }
+  [[nodiscard]] std::string render(std::string_view text) const {
+    return render_for(table_, text, true, options_.partitioned_log);
+  }
 
   /// An SQL text of the store's dialect with its placeholders filled for the log `table`:
   /// compacted to one line without comments as the store sends it, or as written (`compact`
-  /// false, for a script people read).
+  /// false, for a script people read); for a log of generations when `partitioned`
+  /// (`PostgresOptions::partitioned_log`), whose rows carry their generation and whose key
+  /// includes it.
   [[nodiscard]] static std::string render_for(const std::string& table, std::string_view text,
-                                              bool compact = true) {
+                                              bool compact = true, bool partitioned = false) {
     const std::string t = checked_table_name(table);
     const auto dot = t.find('.');
     const std::string schema = dot == std::string::npos ? std::string() : t.substr(0, dot + 1);
@@ -135,6 +139,16 @@ class Session {
       if (name == "log_schema") return schema;
       if (name == "mismatches") return t + "_mismatches";
       if (name == "migrations") return t + "_migrations";
+      if (name == "generations") return t + "_generations";
+      // A reservation's insert: the generation it writes into, read in its own statement (see
+      // sql::postgres::start_generation), the key its conflicts are tested on, and the gates
+      // whose row of the key, in any generation, stops it.
+      if (name == "generation_column") return std::string(partitioned ? ", generation" : "");
+      if (name == "generation_value")
+        return partitioned ? ", (SELECT current FROM " + t + "_generations)" : std::string();
+      if (name == "log_key")
+        return std::string(partitioned ? "(gate, key, generation)" : "(gate, key)");
+      if (name == "held_gates") return std::string(partitioned ? "'', $1::text" : "''");
       if (name == "history_limit") return std::to_string(history_limit);
       if (name == "record_columns") return record_columns();
       return std::nullopt;

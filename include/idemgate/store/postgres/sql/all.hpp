@@ -5,6 +5,7 @@
 #include "../../sql.hpp"
 #include "batches.hpp"
 #include "events.hpp"
+#include "generations.hpp"
 #include "history.hpp"
 #include "leases.hpp"
 #include "monitoring.hpp"

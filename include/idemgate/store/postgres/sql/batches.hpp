@@ -28,14 +28,14 @@ adopted AS (
             log.lease_until >= now() AS live, log.result, log.reason),
 claimed AS (
   INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, holder,
-                     attempts, label)
+                     attempts, label{generation_column})
   SELECT $1::text, key, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',
-         fingerprint, request, $6::bigint, 1, nullif(label, '')
+         fingerprint, request, $6::bigint, 1, nullif(label, ''){generation_value}
     FROM input
-   WHERE NOT EXISTS (SELECT 1 FROM {log} AS unowned WHERE unowned.gate = ''
+   WHERE NOT EXISTS (SELECT 1 FROM {log} AS unowned WHERE unowned.gate IN ({held_gates})
                                                      AND unowned.key = input.key)
    ORDER BY n
-  ON CONFLICT (gate, key) DO NOTHING
+  ON CONFLICT {log_key} DO NOTHING
   RETURNING key, fence),
 seen AS (
   UPDATE {log} AS log

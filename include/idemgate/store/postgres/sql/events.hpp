@@ -27,11 +27,11 @@ WITH adopted AS (
             result, reason),
 claimed AS (
   INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, holder,
-                     attempts, label)
+                     attempts, label{generation_column})
   SELECT $1::text, $2::bytea, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',
-         $3::bytea, $4::bytea, $6::bigint, 1, nullif($7::text, '')
-   WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea)
-  ON CONFLICT (gate, key) DO NOTHING
+         $3::bytea, $4::bytea, $6::bigint, 1, nullif($7::text, ''){generation_value}
+   WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate IN ({held_gates}) AND key = $2::bytea)
+  ON CONFLICT {log_key} DO NOTHING
   RETURNING fence),
 -- A row this attempt wrote itself (its reply was lost) is not a duplicate: it comes back as
 -- `mine`, its lease renewed from now, so the attempt goes on with a whole lease and no
@@ -146,12 +146,12 @@ inline constexpr Statement reserve_committed{
     "$7 lock timeout (ms, text), $8 reason until the result is stored",
     R"sql(
 INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, result, reason,
-                   holder, attempts, label)
+                   holder, attempts, label{generation_column})
 SELECT $1::text, $2::bytea, 'committed', 1, now(), $3::bytea, $4::bytea, ''::bytea, $8::text,
-       $5::bigint, 1, nullif($6::text, '')
+       $5::bigint, 1, nullif($6::text, ''){generation_value}
   FROM (SELECT set_config('lock_timeout', $7::text, true) OFFSET 0) AS bounded
- WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea)
-ON CONFLICT (gate, key) DO NOTHING
+ WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate IN ({held_gates}) AND key = $2::bytea)
+ON CONFLICT {log_key} DO NOTHING
 RETURNING fence
 )sql"};
 

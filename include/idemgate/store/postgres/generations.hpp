@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: MIT
+// PostgresStore's generations (`PostgresOptions::partitioned_log`): starting the next one,
+// listing them, and dropping the ones left empty.
+#pragma once
+
+#include "../../detail/postgres/connection_pool.hpp"
+#include "../../detail/postgres/pqxx_compat.hpp"
+#include "../../errors.hpp"
+#include "session.hpp"
+#include "sql/generations.hpp"
+
+#include <pqxx/pqxx>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idemgate {
+
+/// One generation of a partitioned log (`PostgresStore::generations`).
+struct LogGeneration {
+  /// Its number: 0 for the rows a log held when it was partitioned, then 1, 2, …
+  int number = 0;
+  /// Whether reservations write into it now.
+  bool current = false;
+  /// Its rows as the server's statistics last counted them (-1 before its first analyze).
+  std::int64_t rows_estimate = -1;
+  /// Its size on disk, indexes included.
+  std::int64_t bytes = 0;
+  /// Whether a detach of it was interrupted (the next `drop_empty_generations` finishes it).
+  bool detach_pending = false;
+};
+
+}  // namespace idemgate
+
+namespace idemgate::detail::postgres {
+
+/// The generations of a partitioned log.
+class Generations {
+ public:
+  /// On the handle's scope.
+  explicit Generations(Scope scope) noexcept : s_(scope.session) {}
+
+  /// See `PostgresStore::generations`.
+  std::vector<LogGeneration> list() {
+    require_partitioned("generations");
+    const int current = current_generation(std::chrono::seconds(0)).first;
+    const pqxx::result rows = query(s_.render(sql::postgres::list_generations.text));
+    std::vector<LogGeneration> found;
+    for (const pq::row& row : rows) {
+      LogGeneration g;
+      g.number = static_cast<int>(pq::int_field(row[0]));
+      g.current = g.number == current;
+      g.detach_pending = pq::bool_field(row[1]);
+      g.rows_estimate = pq::int_field(row[2]);
+      g.bytes = pq::int_field(row[3]);
+      found.push_back(g);
+    }
+    return found;
+  }
+
+  /// See `PostgresStore::start_generation`.
+  int start_next() {
+    require_partitioned("start_generation");
+    return start_if_older_than(std::chrono::seconds(0)).first;
+  }
+
+  /// Starts the next generation when the current one began at least `span` ago; returns the
+  /// current generation after it and whether it started one.
+  std::pair<int, bool> start_if_older_than(std::chrono::seconds span) {
+    const auto [current, due] = current_generation(span);
+    if (!due) return {current, false};
+    const int next = current + 1;
+    // Made and attached before it becomes current, so reservations always find their table;
+    // both idempotent, should an earlier attempt have stopped between them.
+    query(with_generation(sql::postgres::create_generation.text, next));
+    if (!attached(next)) query(with_generation(sql::postgres::attach_generation.text, next));
+    bool started = false;
+    try {
+      started = s_.run([&](Lease& c) {
+        pqxx::work tx(c.connection());
+        pq::exec(tx, s_.render(sql::postgres::start_generation[0]));
+        pq::exec(tx, s_.render(sql::postgres::start_generation[1]));
+        const bool moved = pq::affected_rows(pq::exec_params(
+                               tx, s_.render(sql::postgres::start_generation[2]), next)) > 0;
+        tx.commit();
+        return moved;
+      });
+    } catch (const pqxx::sql_error& e) {
+      // 55P03: a transaction that read the generations table stayed open past the lock's
+      // bound; reservations went on in the current generation meanwhile.
+      if (e.sqlstate() != "55P03") throw;
+      s_.log("idemgate: generation " + std::to_string(next) + " of " + s_.table() +
+             " not started: a transaction holding the generations table stayed open longer "
+             "than 5 s (" + e.what() + "). The next purge tries again.");
+      return {current, false};
+    }
+    if (started) s_.log("idemgate: " + s_.table() + " writes into generation " +
+                        std::to_string(next) + " now.");
+    return {started ? next : current_generation(std::chrono::seconds(0)).first, started};
+  }
+
+  /// See `PostgresStore::drop_empty_generations`.
+  std::size_t drop_empty() {
+    require_partitioned("drop_empty_generations");
+    const int current = current_generation(std::chrono::seconds(0)).first;
+    std::size_t dropped = 0;
+    for (const pq::row& row : query(s_.render(sql::postgres::list_generations.text))) {
+      const int number = static_cast<int>(pq::int_field(row[0]));
+      const bool pending = pq::bool_field(row[1]);
+      // Nothing writes into an older generation any more: once empty, it stays so.
+      if (number >= current) continue;
+      if (!pending && !pq::bool_field(query(with_generation(
+                          sql::postgres::generation_empty.text, number))[0][0]))
+        continue;
+      query(with_generation(pending ? sql::postgres::finish_detach.text
+                                    : sql::postgres::detach_generation.text,
+                            number));
+      query(with_generation(sql::postgres::drop_generation.text, number));
+      s_.log("idemgate: dropped generation " + std::to_string(number) + " of " + s_.table() +
+             ", empty.");
+      ++dropped;
+    }
+    return dropped;
+  }
+
+  /// Whether the store's log is partitioned (`PostgresOptions::partitioned_log`).
+  [[nodiscard]] bool enabled() const noexcept { return s_.options().partitioned_log; }
+
+ private:
+  void require_partitioned(std::string_view call) const {
+    if (!enabled())
+      throw StoreError("idemgate: " + std::string(call) + "() needs a log of generations: set " +
+                       "PostgresOptions::partitioned_log and call migrate().");
+  }
+
+  std::pair<int, bool> current_generation(std::chrono::seconds span) {
+    const pqxx::result r = s_.run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return pq::exec_params(tx, s_.render(sql::postgres::current_generation.text),
+                             static_cast<std::int64_t>(span.count()));
+    });
+    return {static_cast<int>(pq::int_field(r[0][0])), pq::bool_field(r[0][1])};
+  }
+
+  bool attached(int number) {
+    for (const pq::row& row : query(s_.render(sql::postgres::list_generations.text)))
+      if (pq::int_field(row[0]) == number) return true;
+    return false;
+  }
+
+  // The statement's text for generation `number` (its `{1}`), rendered for the log.
+  std::string with_generation(std::string_view text, int number) const {
+    std::string filled(text);
+    const std::string n = std::to_string(number);
+    for (auto at = filled.find("{1}"); at != std::string::npos; at = filled.find("{1}", at))
+      filled.replace(at, 3, n);
+    return s_.render(filled);
+  }
+
+  // One text on its own, outside a transaction block (a concurrent detach cannot run in one).
+  pqxx::result query(const std::string& text) {
+    return s_.run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return pq::exec(tx, text);
+    });
+  }
+
+  Session& s_;
+};
+
+}  // namespace idemgate::detail::postgres

@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: MIT
+// PostgreSQL: the partitioned log (`PostgresOptions::partitioned_log`), as data: the step that
+// turns a log into generations, and the statements that start, list and drop them.
+#pragma once
+
+#include "../../sql.hpp"
+
+#include <string_view>
+
+namespace idemgate::sql::postgres {
+
+/// Step 6 (only with `PostgresOptions::partitioned_log`): the log becomes a table partitioned by
+/// generation, the existing table its generation 0, while other sessions go on writing. The
+/// generation's column and its bound are added without a rewrite, the bound validated under a
+/// lock that lets writers go on, the partition's key built concurrently; one short transaction
+/// then swaps the keys, renames the table and its indexes, makes the partitioned table and
+/// attaches the old one to it (no scan: the validated bound proves the partition's bound). The
+/// partitioned table's generation has no default: a process that writes without the option
+/// fails rather than writing past the generations.
+inline constexpr std::string_view generations_v6[] = {
+    // The generation reservations write into; reservations read it in their own statement.
+    R"sql(
+CREATE TABLE IF NOT EXISTS {generations} (
+  one         boolean     PRIMARY KEY DEFAULT true CHECK (one),
+  current     integer     NOT NULL CHECK (current >= 0),
+  began_at    timestamptz NOT NULL DEFAULT now()
+))sql",
+    "INSERT INTO {generations} (current) VALUES (0) ON CONFLICT (one) DO NOTHING",
+    "ALTER TABLE {log} ADD COLUMN IF NOT EXISTS generation integer NOT NULL DEFAULT 0",
+    R"sql(
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                  WHERE conrelid = to_regclass('{log}') AND conname = '{log_name}_g0_bound') THEN
+    ALTER TABLE {log} ADD CONSTRAINT {log_name}_g0_bound CHECK (generation = 0) NOT VALID;
+  END IF;
+END $$)sql",
+    "ALTER TABLE {log} VALIDATE CONSTRAINT {log_name}_g0_bound",
+    R"sql(
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {log_name}_g0_pkey ON {log} (gate, key, generation)
+)sql",
+    R"sql(
+DO $$ BEGIN
+  LOCK TABLE {log} IN ACCESS EXCLUSIVE MODE;
+  ALTER TABLE {log} DROP CONSTRAINT {log_name}_pkey,
+    ADD CONSTRAINT {log_name}_g0_pkey PRIMARY KEY USING INDEX {log_name}_g0_pkey;
+  ALTER INDEX {log_schema}{log_name}_gate_in_flight RENAME TO {log_name}_g0_gate_in_flight;
+  ALTER INDEX {log_schema}{log_name}_gate_escalated RENAME TO {log_name}_g0_gate_escalated;
+  ALTER INDEX {log_schema}{log_name}_gate_failed RENAME TO {log_name}_g0_gate_failed;
+  ALTER INDEX {log_schema}{log_name}_created RENAME TO {log_name}_g0_created;
+  ALTER TABLE {log} RENAME TO {log_name}_g0;
+  -- The old table's columns, types, defaults and checks (the same names), so that whatever
+  -- released shape it came from, it is a partition of the new one as it stands.
+  CREATE TABLE {log} (LIKE {log}_g0 INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    PARTITION BY LIST (generation);
+  ALTER TABLE {log} DROP CONSTRAINT {log_name}_g0_bound,
+    ALTER COLUMN generation DROP DEFAULT,
+    ADD CONSTRAINT {log_name}_pkey PRIMARY KEY (gate, key, generation);
+  CREATE INDEX {log_name}_gate_in_flight ON {log} (gate, lease_until)
+    WHERE status = 'in_flight';
+  CREATE INDEX {log_name}_gate_escalated ON {log} (gate, updated_at)
+    WHERE status = 'escalated';
+  CREATE INDEX {log_name}_gate_failed ON {log} (gate, updated_at) WHERE status = 'failed';
+  CREATE INDEX {log_name}_created ON {log} USING brin (created_at);
+  ALTER TABLE {log} ATTACH PARTITION {log_schema}{log_name}_g0 FOR VALUES IN (0);
+END $$)sql"};
+
+/// Whether the log is partitioned (a log without the step answers false).
+inline constexpr Statement log_partitioned{"log_partitioned", "", R"sql(
+SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass('{log}')), false)
+)sql"};
+
+/// Step 6, applied by `migrate()` only to a log of `PostgresOptions::partitioned_log`.
+inline constexpr Migration generations_step{
+    6, "generations", "the log partitioned by generation, its rows so far generation 0",
+    R"sql(
+SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass('{log}')), false)
+)sql",
+    generations_v6};
+
+/// The current generation, and whether it began at least `$1` seconds ago.
+inline constexpr Statement current_generation{"current_generation", "$1 span (s)", R"sql(
+SELECT current, began_at <= now() - $1::bigint * interval '1 second' FROM {generations}
+)sql"};
+
+/// Generation `{1}`'s table, standing alone until it is attached.
+inline constexpr Statement create_generation{"create_generation", "{1} generation", R"sql(
+CREATE TABLE IF NOT EXISTS {log}_g{1} (LIKE {log} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+)sql"};
+
+/// Attaches generation `{1}`'s table (a lock that lets writers go on; the table is empty).
+inline constexpr Statement attach_generation{"attach_generation", "{1} generation", R"sql(
+ALTER TABLE {log} ATTACH PARTITION {log}_g{1} FOR VALUES IN ({1})
+)sql"};
+
+/// Makes `$1` the current generation once no reservation into the one before is in flight:
+/// the exclusive lock waits for every transaction that read the generations table (each
+/// reservation does, in its statement, and holds that lock to its end) and holds new ones back
+/// until this commits, so a reservation that writes into the new generation sees every row
+/// written into the old one. The wait is bounded (5 s): a transaction that holds the table
+/// longer leaves the generation for the next try. Nothing happens when another session moved on
+/// first.
+inline constexpr std::string_view start_generation[] = {
+    "SET LOCAL lock_timeout = '5s'",
+    "LOCK TABLE {generations} IN ACCESS EXCLUSIVE MODE",
+    "UPDATE {generations} SET current = $1::integer, began_at = now() WHERE current < $1::integer",
+};
+
+/// The log's generations: number, whether a detach of it was interrupted, its rows (an upper
+/// bound from the statistics), its bytes with indexes, and whether it holds no row at all.
+inline constexpr Statement list_generations{"list_generations", "", R"sql(
+SELECT substring(c.relname FROM '_g([0-9]+)$')::integer, i.inhdetachpending,
+       greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
+  FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+ WHERE i.inhparent = to_regclass('{log}')
+ ORDER BY 1
+)sql"};
+
+/// Whether generation `{1}` holds no row.
+inline constexpr Statement generation_empty{"generation_empty", "{1} generation", R"sql(
+SELECT NOT EXISTS (SELECT 1 FROM {log}_g{1})
+)sql"};
+
+/// Detaches generation `{1}` without blocking writers (two transactions; waits only for
+/// statements that use the log) ...
+inline constexpr Statement detach_generation{"detach_generation", "{1} generation", R"sql(
+ALTER TABLE {log} DETACH PARTITION {log}_g{1} CONCURRENTLY
+)sql"};
+/// ... or finishes a detach that was interrupted ...
+inline constexpr Statement finish_detach{"finish_detach", "{1} generation", R"sql(
+ALTER TABLE {log} DETACH PARTITION {log}_g{1} FINALIZE
+)sql"};
+/// ... and drops its table: its space goes back at once, whatever snapshot is held elsewhere.
+inline constexpr Statement drop_generation{"drop_generation", "{1} generation",
+                                           "DROP TABLE IF EXISTS {log}_g{1}"};
+
+}  // namespace idemgate::sql::postgres

@@ -1,0 +1,257 @@
+// A log of generations (`PostgresOptions::partitioned_log`) on the server in IDEMGATE_TEST_PG:
+// a released log with rows turned into one online, a key reserved once across generations, a
+// new generation that waits for the reservation in flight in the old one, and a log whose space
+// stays flat while another session holds a snapshot open, beside the unpartitioned log that
+// grows.
+
+#include "support/postgres.hpp"
+#include "support/released_logs.hpp"
+
+#include <idemgate/detail/crypto/sha256.hpp>
+#include <idemgate/key.hpp>
+#include <idemgate/store/postgres.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using idemgate::Key;
+using idemgate::PostgresOptions;
+using idemgate::PostgresStore;
+using idemgate::Reservation;
+using idemgate::test::pg_count;
+using idemgate::test::pg_exec;
+using namespace std::chrono_literals;
+
+Key key_of(int i) { return Key(idemgate::detail::sha256("event " + std::to_string(i))); }
+idemgate::Fingerprint same_request() { return idemgate::detail::sha256("request"); }
+
+/// The key the released rows give event `i`: sha256 of its number as 4 big-endian bytes.
+Key released_key(int i) {
+  const auto u = static_cast<std::uint32_t>(i);
+  const char bytes[] = {static_cast<char>(u >> 24), static_cast<char>(u >> 16),
+                        static_cast<char>(u >> 8), static_cast<char>(u)};
+  return Key(idemgate::detail::sha256(std::string_view(bytes, 4)));
+}
+
+class Generations : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(idemgate::test::pg_uri().empty()) << "needs PostgreSQL: set IDEMGATE_TEST_PG";
+    log = idemgate::test::unique_table("gen");
+    drop();
+  }
+  void TearDown() override {
+    if (idemgate::test::pg_uri().empty()) return;
+    drop();
+    pg_exec("DROP TABLE IF EXISTS " + log + "_elsewhere");
+  }
+  void drop() {
+    for (const auto& row : pg_exec("SELECT relname FROM pg_class WHERE relkind IN ('r', 'p') AND "
+                                   "relname ~ '^" +
+                                   log + "(_g[0-9]+)?$'"))
+      pg_exec("DROP TABLE IF EXISTS " + std::string(row[0].c_str()));
+    pg_exec("DROP TABLE IF EXISTS " + log + "_mismatches, " + log + "_migrations, " + log +
+            "_generations");
+  }
+  PostgresStore store(bool partitioned, std::size_t pool = 4) {
+    PostgresOptions o{.table = log, .pool_size = pool, .checkout_timeout = 10s};
+    o.partitioned_log = partitioned;
+    return PostgresStore(idemgate::test::pg_uri(), o);
+  }
+  // Reserves and commits `n` events from `first` on, each with a result.
+  static void run_events(PostgresStore& s, int first, int n) {
+    for (int i = first; i < first + n; ++i) {
+      const Reservation r = s.reserve(key_of(i), same_request(), "request", 30s);
+      ASSERT_EQ(r.kind, Reservation::Kind::acquired) << i;
+      ASSERT_EQ(s.commit(key_of(i), r.fence, "done", [](PostgresStore::transaction&) {}),
+                idemgate::CommitStatus::committed);
+    }
+  }
+  std::int64_t generation_of(const Key& key) {
+    return pg_count("SELECT generation FROM " + log + " WHERE key = '" +
+                    idemgate::detail::pq::bytea_param(key.view()) + "'::bytea");
+  }
+  std::int64_t log_bytes() {
+    return pg_count("SELECT CASE WHEN relkind = 'p' THEN (SELECT sum(pg_total_relation_size(relid))"
+                    " FROM pg_partition_tree(oid)) ELSE pg_total_relation_size(oid) END::bigint "
+                    "FROM pg_class WHERE oid = '" +
+                    log + "'::regclass");
+  }
+  std::string log;
+};
+
+class ReleasedLogWithRows : public Generations, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ReleasedLogWithRows, BecomesGenerationZeroOnlineAndAnswersEveryKeyAcrossGenerations) {
+  const int shape = GetParam();
+  constexpr int rows = 40;
+  pg_exec("BEGIN; " + idemgate::test::released_pg_log(shape, log) +
+          idemgate::test::released_pg_rows(shape, log, rows) + " COMMIT;");
+  PostgresStore s = store(true);
+  const idemgate::MigrationReport report = s.migrate();
+  ASSERT_FALSE(report.applied.empty());
+  EXPECT_EQ(report.applied.back().version, 6);
+  EXPECT_EQ(report.to_version, 6);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), rows);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + "_g0"), rows);
+  const std::vector<idemgate::LogGeneration> before = s.generations();
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(before[0].number, 0);
+  EXPECT_TRUE(before[0].current);
+
+  // Migrating again changes nothing; a store without the option is refused.
+  EXPECT_FALSE(s.migrate().changed());
+  try {
+    store(false).migrate();
+    ADD_FAILURE() << "a partitioned log opened without the option";
+  } catch (const idemgate::StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("partitioned_log"), std::string::npos) << e.what();
+  }
+
+  EXPECT_EQ(s.start_generation(), 1);
+  // Every released row still answers, from generation 0, while new keys go to generation 1.
+  for (int i = 1; i <= rows; ++i)
+    EXPECT_EQ(s.reserve(released_key(i), same_request(), "request", 30s).kind,
+              Reservation::Kind::existing)
+        << i;
+  run_events(s, 0, 5);
+  EXPECT_EQ(generation_of(key_of(0)), 1);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), rows + 5);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryReleasedShape, ReleasedLogWithRows, ::testing::Values(1, 2, 3, 4, 5));
+
+TEST_F(Generations, AKeyIsReservedOnceWhicheverGenerationHoldsIt) {
+  PostgresStore s = store(true);
+  s.migrate();
+  run_events(s, 0, 3);
+  const std::int64_t fence = s.reserve(key_of(9), same_request(), "request", 30s).fence;
+  EXPECT_EQ(s.start_generation(), 1);
+  EXPECT_EQ(s.start_generation(), 2);
+  for (int i = 0; i < 3; ++i) {
+    const Reservation again = s.reserve(key_of(i), same_request(), "request", 30s);
+    EXPECT_EQ(again.kind, Reservation::Kind::existing);
+    EXPECT_EQ(again.status, idemgate::RecordStatus::committed);
+    EXPECT_EQ(again.result, "done");
+    EXPECT_EQ(generation_of(key_of(i)), 0);
+  }
+  // The event in flight in generation 0 commits there, and stays one row.
+  EXPECT_EQ(s.reserve(key_of(9), same_request(), "request", 30s).kind,
+            Reservation::Kind::existing);
+  EXPECT_EQ(s.commit(key_of(9), fence, "late", [](PostgresStore::transaction&) {}),
+            idemgate::CommitStatus::committed);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 4);
+  run_events(s, 10, 2);
+  EXPECT_EQ(generation_of(key_of(10)), 2);
+}
+
+// The reservation in flight is a one-transaction event whose business write has not returned:
+// its row is uncommitted in generation 0. A new generation must wait for it, or a reservation
+// of the same key in the new generation would not see that row and claim the key a second time.
+TEST_F(Generations, ANewGenerationWaitsForTheReservationInFlightInTheOldOne) {
+  PostgresStore s = store(true);
+  s.migrate();
+  std::promise<void> inside, release;
+  std::shared_future<void> released = release.get_future().share();
+  auto first = std::async(std::launch::async, [&] {
+    return s.commit_once(key_of(1), same_request(), "request", "", 30s,
+                         [&](PostgresStore::transaction&) {
+                           inside.set_value();
+                           released.wait();
+                           return std::string("first");
+                         });
+  });
+  inside.get_future().wait();
+  std::atomic<bool> started{false};
+  auto second = std::async(std::launch::async, [&] {
+    s.start_generation();
+    started = true;
+    return s.reserve(key_of(1), same_request(), "request", 30s);
+  });
+  std::this_thread::sleep_for(500ms);
+  EXPECT_FALSE(started) << "the generation started while a reservation was in flight";
+  release.set_value();
+  EXPECT_EQ(first.get().kind, idemgate::OnceResult::Kind::committed);
+  const Reservation again = second.get();
+  EXPECT_EQ(again.kind, Reservation::Kind::existing);
+  EXPECT_EQ(again.result, "first");
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 1);
+}
+
+// Eight threads reserve the same keys while generations start one after another: each key is
+// claimed once.
+TEST_F(Generations, EightThreadsRacingGenerationsClaimEachKeyOnce) {
+  PostgresStore s = store(true, 9);
+  s.migrate();
+  constexpr int keys = 150;
+  std::atomic<int> claims{0};
+  std::atomic<bool> done{false};
+  std::thread starter([&] {
+    while (!done) s.start_generation();
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < keys; ++i) {
+        const int k = (i * 7 + t * 13) % keys;
+        if (s.reserve(key_of(k), same_request(), "request", 30s).kind ==
+            Reservation::Kind::acquired)
+          ++claims;
+      }
+    });
+  for (auto& t : threads) t.join();
+  done = true;
+  starter.join();
+  EXPECT_EQ(claims.load(), keys);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), keys);
+  EXPECT_GT(s.generations().back().number, 3);
+}
+
+// Another session holds a snapshot open for the whole test: vacuum can reclaim nothing the
+// purges delete. The unpartitioned log grows with every window; the partitioned one drops
+// each emptied generation and stays flat.
+TEST_F(Generations, UnderASnapshotHeldOpenTheLogStaysFlatWhereTheUnpartitionedOneGrows) {
+  pg_exec("CREATE TABLE " + log + "_elsewhere (n int)");
+  pqxx::connection holder(idemgate::test::pg_uri());
+  pqxx::work held(holder, "held");
+  held.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+  held.exec("SELECT count(*) FROM " + log + "_elsewhere");
+
+  const auto windows = [&](bool partitioned) {
+    PostgresStore s = store(partitioned);
+    s.migrate();
+    std::vector<std::int64_t> sizes;
+    for (int w = 0; w < 5; ++w) {
+      run_events(s, w * 1000, 1000);
+      s.purge(0s, 10'000);
+      sizes.push_back(log_bytes());
+    }
+    return sizes;
+  };
+  const std::vector<std::int64_t> plain = windows(false);
+  drop();
+  const std::vector<std::int64_t> partitioned = windows(true);
+  EXPECT_GT(plain.back(), 3 * plain.front()) << "the held snapshot did not stop vacuum";
+  EXPECT_LE(partitioned.back(), partitioned.front() * 3 / 2);
+  EXPECT_LT(partitioned.back() * 2, plain.back());
+  held.commit();
+}
+
+TEST_F(Generations, CallsOnALogWithoutGenerationsSayWhatToSet) {
+  PostgresStore s = store(false);
+  s.migrate();
+  EXPECT_THROW(s.start_generation(), idemgate::StoreError);
+  EXPECT_THROW(s.generations(), idemgate::StoreError);
+  EXPECT_THROW(s.drop_empty_generations(), idemgate::StoreError);
+}
+
+}  // namespace
