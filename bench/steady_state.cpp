@@ -13,10 +13,12 @@
 //
 // Usage: steady_state --pg=URI [--keep-s=N] [--windows=N] [--workers=N] [--retention]
 //                     [--hold-snapshot-s=N] [--sample-s=N] [--autovacuum=default|log]
-//                     [--postmaster-pid=PID] [--failing [--abandoned]]
+//                     [--postmaster-pid=PID] [--failing [--abandoned]] [--partitioned]
 //   Defaults: --keep-s=10 --windows=10 --workers=4, no retention, no snapshot held,
 //   --sample-s=0 (every keep-s / 2 seconds, at least 1), --autovacuum=default.
 //   --postmaster-pid adds the server's CPU per event to every sample (server_cpu.hpp).
+//   --partitioned runs on a log of generations (PostgresOptions::partitioned_log); its sizes are
+//   its generations' together.
 //   --autovacuum=log sets the log table's autovacuum storage parameters that docs/operations.md
 //   recommends for a log under retention before the run.
 
@@ -51,7 +53,7 @@ const std::string business = "steady_business";
 const char* const usage =
     "usage: steady_state --pg=URI [--keep-s=N] [--windows=N] [--workers=N] [--retention]\n"
     "                    [--hold-snapshot-s=N] [--sample-s=N] [--autovacuum=default|log]\n"
-    "                    [--postmaster-pid=PID] [--failing [--abandoned]]";
+    "                    [--postmaster-pid=PID] [--failing [--abandoned]] [--partitioned]";
 
 struct Settings {
   std::string uri;
@@ -59,6 +61,7 @@ struct Settings {
   int windows = 10;
   int workers = 4;
   bool retention = false;
+  bool partitioned = false;
   int hold_s = 0;
   int sample_s = 0;
   std::string autovacuum = "default";
@@ -72,7 +75,7 @@ Settings parse(int argc, char** argv) {
   const idemgate::bench::Flags flags(argc, argv,
                                      {"pg", "keep-s", "windows", "workers", "hold-snapshot-s",
                                       "sample-s", "autovacuum", "postmaster-pid"},
-                                     {"retention", "failing", "abandoned"});
+                                     {"retention", "failing", "abandoned", "partitioned"});
   flags.expect_no_others(argc, argv);
   constexpr std::int64_t int_max = std::numeric_limits<int>::max();
   Settings s;
@@ -81,6 +84,7 @@ Settings parse(int argc, char** argv) {
   s.windows = static_cast<int>(flags.integer("windows", s.windows, 2, int_max));
   s.workers = static_cast<int>(flags.integer("workers", s.workers, 1, int_max));
   s.retention = flags.flag("retention");
+  s.partitioned = flags.flag("partitioned");
   s.failing = flags.flag("failing");
   s.abandoned = flags.flag("abandoned");
   if (s.abandoned && !(s.failing && s.retention))
@@ -115,10 +119,17 @@ struct Sample {
 Sample sample(pqxx::connection& monitor) {
   pqxx::nontransaction tx(monitor);
   const pqxx::result r = tx.exec(
-      "SELECT pg_relation_size('" + table + "'), pg_indexes_size('" + table +
-      "'), coalesce(n_live_tup, 0), coalesce(n_dead_tup, 0),"
-      " coalesce(autovacuum_count + vacuum_count, 0) FROM pg_stat_user_tables WHERE relname = '" +
-      table + "'");
+      // The table's own figures, or the sum of its generations' (--partitioned).
+      "SELECT sum(pg_relation_size(relid)), sum(pg_indexes_size(relid)),"
+      " sum(coalesce(n_live_tup, 0)), sum(coalesce(n_dead_tup, 0)),"
+      " sum(coalesce(autovacuum_count + vacuum_count, 0))"
+      " FROM pg_stat_user_tables WHERE relid = '" +
+      table +
+      "'::regclass"
+      " OR relid IN (SELECT relid FROM pg_partition_tree('" +
+      table +
+      "') WHERE isleaf)"
+      " HAVING count(*) > 0");
   Sample s;
   if (r.empty()) return s;
   s.heap = idemgate::detail::pq::int_field(r[0][0]);
@@ -144,13 +155,19 @@ int main(int argc, char** argv) {
     pqxx::connection monitor(settings.uri);
     {
       pqxx::nontransaction tx(monitor);
-      tx.exec("DROP TABLE IF EXISTS " + table + ", " + table + "_mismatches, " + business);
+      tx.exec("DROP TABLE IF EXISTS " + table + ", " + table + "_mismatches, " + table +
+              "_migrations, " + table + "_generations, " + business);
+      for (const auto& row : tx.exec("SELECT relname FROM pg_class WHERE relkind = 'r' AND "
+                                     "relname ~ '^" +
+                                     table + "_g[0-9]+$'"))
+        tx.exec("DROP TABLE " + std::string(row[0].c_str()));
       tx.exec("CREATE TABLE " + business +
               " (key bytea PRIMARY KEY, outcome text NOT NULL, created_at timestamptz NOT NULL "
               "DEFAULT now())");
     }
     idemgate::PostgresOptions options;
     options.table = table;
+    options.partitioned_log = settings.partitioned;
     options.pool_size = static_cast<std::size_t>(settings.workers) + 1;
     options.business_statements = {
         {"steady_business_insert",

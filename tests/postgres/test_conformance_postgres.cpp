@@ -93,10 +93,10 @@ struct PartitionedPostgresTraits : PostgresTraits {
     PostgresTraits::set_up();
     if (::testing::Test::HasFatalFailure()) return;
     namespace t = idemgate::test;
-    store = std::make_unique<Store>(t::store_uri(uri), t::store_options({.table = log,
-                                                                          .pool_size = 8,
-                                                                          .checkout_timeout = 5s,
-                                                                          .partitioned_log = true}));
+    store = std::make_unique<Store>(
+        t::store_uri(uri),
+        t::store_options(
+            {.table = log, .pool_size = 8, .checkout_timeout = 5s, .partitioned_log = true}));
     store->migrate();
   }
   void tear_down() {
@@ -115,6 +115,5 @@ namespace idemgate::testing {
 INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, StoreConformance, PostgresTraits);
 INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, SqlStoreConformance, PostgresTraits);
 INSTANTIATE_TYPED_TEST_SUITE_P(PartitionedPostgres, StoreConformance, PartitionedPostgresTraits);
-INSTANTIATE_TYPED_TEST_SUITE_P(PartitionedPostgres, SqlStoreConformance,
-                               PartitionedPostgresTraits);
+INSTANTIATE_TYPED_TEST_SUITE_P(PartitionedPostgres, SqlStoreConformance, PartitionedPostgresTraits);
 }  // namespace idemgate::testing

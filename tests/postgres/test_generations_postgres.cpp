@@ -31,8 +31,12 @@ using idemgate::test::pg_count;
 using idemgate::test::pg_exec;
 using namespace std::chrono_literals;
 
-Key key_of(int i) { return Key(idemgate::detail::sha256("event " + std::to_string(i))); }
-idemgate::Fingerprint same_request() { return idemgate::detail::sha256("request"); }
+Key key_of(int i) {
+  return Key(idemgate::detail::sha256("event " + std::to_string(i)));
+}
+idemgate::Fingerprint same_request() {
+  return idemgate::detail::sha256("request");
+}
 
 /// The key the released rows give event `i`: sha256 of its number as 4 big-endian bytes.
 Key released_key(int i) {
@@ -81,10 +85,11 @@ class Generations : public ::testing::Test {
                     idemgate::detail::pq::bytea_param(key.view()) + "'::bytea");
   }
   std::int64_t log_bytes() {
-    return pg_count("SELECT CASE WHEN relkind = 'p' THEN (SELECT sum(pg_total_relation_size(relid))"
-                    " FROM pg_partition_tree(oid)) ELSE pg_total_relation_size(oid) END::bigint "
-                    "FROM pg_class WHERE oid = '" +
-                    log + "'::regclass");
+    return pg_count(
+        "SELECT CASE WHEN relkind = 'p' THEN (SELECT sum(pg_total_relation_size(relid))"
+        " FROM pg_partition_tree(oid)) ELSE pg_total_relation_size(oid) END::bigint "
+        "FROM pg_class WHERE oid = '" +
+        log + "'::regclass");
   }
   std::string log;
 };
@@ -145,8 +150,7 @@ TEST_F(Generations, AKeyIsReservedOnceWhicheverGenerationHoldsIt) {
     EXPECT_EQ(generation_of(key_of(i)), 0);
   }
   // The event in flight in generation 0 commits there, and stays one row.
-  EXPECT_EQ(s.reserve(key_of(9), same_request(), "request", 30s).kind,
-            Reservation::Kind::existing);
+  EXPECT_EQ(s.reserve(key_of(9), same_request(), "request", 30s).kind, Reservation::Kind::existing);
   EXPECT_EQ(s.commit(key_of(9), fence, "late", [](PostgresStore::transaction&) {}),
             idemgate::CommitStatus::committed);
   EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 4);

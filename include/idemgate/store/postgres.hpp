@@ -80,7 +80,7 @@ class PostgresStore {
   /// a script: the indexes are built concurrently). Shipped as `docs/schema.sql`. With
   /// `partitioned`, step 6 (`generations`) follows: the log of `PostgresOptions::partitioned_log`.
   [[nodiscard]] static std::string schema_sql(const std::string& table = "idemgate_log",
-                                               bool partitioned = false) {
+                                              bool partitioned = false) {
     return detail::postgres::Schema::script(table, partitioned);
   }
 

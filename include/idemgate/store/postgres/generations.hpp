@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace idemgate {
@@ -95,11 +96,13 @@ class Generations {
       if (e.sqlstate() != "55P03") throw;
       s_.log("idemgate: generation " + std::to_string(next) + " of " + s_.table() +
              " not started: a transaction holding the generations table stayed open longer "
-             "than 5 s (" + e.what() + "). The next purge tries again.");
+             "than 5 s (" +
+             e.what() + "). The next purge tries again.");
       return {current, false};
     }
-    if (started) s_.log("idemgate: " + s_.table() + " writes into generation " +
-                        std::to_string(next) + " now.");
+    if (started)
+      s_.log("idemgate: " + s_.table() + " writes into generation " + std::to_string(next) +
+             " now.");
     return {started ? next : current_generation(std::chrono::seconds(0)).first, started};
   }
 
@@ -113,12 +116,12 @@ class Generations {
       const bool pending = pq::bool_field(row[1]);
       // Nothing writes into an older generation any more: once empty, it stays so.
       if (number >= current) continue;
-      if (!pending && !pq::bool_field(query(with_generation(
-                          sql::postgres::generation_empty.text, number))[0][0]))
+      if (!pending && !pq::bool_field(query(
+                          with_generation(sql::postgres::generation_empty.text, number))[0][0]))
         continue;
-      query(with_generation(pending ? sql::postgres::finish_detach.text
-                                    : sql::postgres::detach_generation.text,
-                            number));
+      query(with_generation(
+          pending ? sql::postgres::finish_detach.text : sql::postgres::detach_generation.text,
+          number));
       query(with_generation(sql::postgres::drop_generation.text, number));
       s_.log("idemgate: dropped generation " + std::to_string(number) + " of " + s_.table() +
              ", empty.");
