@@ -34,17 +34,12 @@ using namespace std::chrono_literals;
 constexpr int rows = 40;
 constexpr int newest = 5;
 
-/// The key the released rows give event `i`: sha256 of its number as 4 big-endian bytes.
+/// The key and fingerprint the released rows give event `i`.
 Key key_of(int i) {
-  const auto u = static_cast<std::uint32_t>(i);
-  const char bytes[] = {static_cast<char>(u >> 24), static_cast<char>(u >> 16),
-                        static_cast<char>(u >> 8), static_cast<char>(u)};
-  return Key(idemgate::detail::sha256(std::string_view(bytes, 4)));
+  return idemgate::test::released_pg_key(i);
 }
-
-/// The fingerprint the released rows give event `i`: sha256 of its request.
 idemgate::Fingerprint fingerprint_of(int i) {
-  return idemgate::detail::sha256("{\"order\":" + std::to_string(i) + "}");
+  return idemgate::test::released_pg_fingerprint(i);
 }
 
 std::vector<int> versions(const std::vector<idemgate::MigrationStep>& steps) {

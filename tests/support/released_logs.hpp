@@ -17,10 +17,16 @@
 // The last version before numbered migrations (869246a) created shape 5 on both stores: its
 // schema_sql() and index_sql() were 16f1eac's.
 
+#include <idemgate/detail/crypto/sha256.hpp>
+#include <idemgate/key.hpp>
+#include <idemgate/record.hpp>
+
 #include <cctype>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace idemgate::test {
 
@@ -348,6 +354,19 @@ inline std::string released_pg_log(int shape, const std::string& t) {
     default:
       return released_pg_log_5(t);
   }
+}
+
+/// The key `released_pg_rows` gives event `i`: sha256 of its number as 4 big-endian bytes.
+inline Key released_pg_key(int i) {
+  const auto u = static_cast<std::uint32_t>(i);
+  const char bytes[] = {static_cast<char>(u >> 24), static_cast<char>(u >> 16),
+                        static_cast<char>(u >> 8), static_cast<char>(u)};
+  return Key(detail::sha256(std::string_view(bytes, 4)));
+}
+
+/// The fingerprint `released_pg_rows` gives event `i`: sha256 of its request.
+inline Fingerprint released_pg_fingerprint(int i) {
+  return detail::sha256("{\"order\":" + std::to_string(i) + "}");
 }
 
 /// Rows to fill a PostgreSQL log of shape `shape` (as `released_pg_log` made it), as the

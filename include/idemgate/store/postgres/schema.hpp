@@ -184,19 +184,13 @@ class Schema {
     if (exists && version == 0) {
       for (const sql::Migration& step : sql::postgres::migrations) {
         if (!pq::bool_field(runner.query(s_.render(step.present))[0][0])) break;
-        record(runner, step, "found in place");
-        report.found.push_back({step.version, std::string(step.name), std::string(step.summary)});
+        found(runner, step, report);
         version = step.version;
       }
     }
     for (const sql::Migration& step : sql::postgres::migrations) {
       if (step.version <= version) continue;
-      const auto started = std::chrono::steady_clock::now();
-      for (std::string_view statement : step.statements) runner.step(statement);
-      record(runner, step, "");
-      report.applied.push_back({step.version, std::string(step.name), std::string(step.summary),
-                                std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::steady_clock::now() - started)});
+      run(runner, step, report);
       version = step.version;
     }
     partition(runner, report, version);
@@ -220,18 +214,27 @@ class Schema {
       return;
     }
     if (version >= step.version) return;
-    if (partitioned) {
-      record(runner, step, "found in place");
-      report.found.push_back({step.version, std::string(step.name), std::string(step.summary)});
-    } else {
-      const auto started = std::chrono::steady_clock::now();
-      for (std::string_view statement : step.statements) runner.step(statement);
-      record(runner, step, "");
-      report.applied.push_back({step.version, std::string(step.name), std::string(step.summary),
-                                std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::steady_clock::now() - started)});
-    }
+    if (partitioned)
+      found(runner, step, report);
+    else
+      run(runner, step, report);
     version = step.version;
+  }
+
+  // Records `step` as already in the log's shape.
+  void found(const Runner& runner, const sql::Migration& step, MigrationReport& report) {
+    record(runner, step, "found in place");
+    report.found.push_back({step.version, std::string(step.name), std::string(step.summary)});
+  }
+
+  // Applies `step`'s statements in order, then records it.
+  void run(const Runner& runner, const sql::Migration& step, MigrationReport& report) {
+    const auto started = std::chrono::steady_clock::now();
+    for (std::string_view statement : step.statements) runner.step(statement);
+    record(runner, step, "");
+    report.applied.push_back({step.version, std::string(step.name), std::string(step.summary),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::steady_clock::now() - started)});
   }
 
   // Runs one migration statement on its own, outside a transaction block. A CREATE INDEX
