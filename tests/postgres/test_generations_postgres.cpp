@@ -6,6 +6,7 @@
 
 #include "support/postgres.hpp"
 #include "support/released_logs.hpp"
+#include "support/released_rows.hpp"
 
 #include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/key.hpp>
@@ -36,14 +37,6 @@ Key key_of(int i) {
 }
 idemgate::Fingerprint same_request() {
   return idemgate::detail::sha256("request");
-}
-
-/// The key the released rows give event `i`: sha256 of its number as 4 big-endian bytes.
-Key released_key(int i) {
-  const auto u = static_cast<std::uint32_t>(i);
-  const char bytes[] = {static_cast<char>(u >> 24), static_cast<char>(u >> 16),
-                        static_cast<char>(u >> 8), static_cast<char>(u)};
-  return Key(idemgate::detail::sha256(std::string_view(bytes, 4)));
 }
 
 class Generations : public ::testing::Test {
@@ -122,10 +115,13 @@ TEST_P(ReleasedLogWithRows, BecomesGenerationZeroOnlineAndAnswersEveryKeyAcrossG
     EXPECT_NE(std::string(e.what()).find("partitioned_log"), std::string::npos) << e.what();
   }
 
+  for (int i = 1; i <= rows; ++i)
+    idemgate::test::expect_released_row(s.find(idemgate::test::released_pg_key(i)), i, shape);
+
   EXPECT_EQ(s.start_generation(), 1);
   // Every released row still answers, from generation 0, while new keys go to generation 1.
   for (int i = 1; i <= rows; ++i)
-    EXPECT_EQ(s.reserve(released_key(i), same_request(), "request", 30s).kind,
+    EXPECT_EQ(s.reserve(idemgate::test::released_pg_key(i), same_request(), "request", 30s).kind,
               Reservation::Kind::existing)
         << i;
   run_events(s, 0, 5);
@@ -134,6 +130,22 @@ TEST_P(ReleasedLogWithRows, BecomesGenerationZeroOnlineAndAnswersEveryKeyAcrossG
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryReleasedShape, ReleasedLogWithRows, ::testing::Values(1, 2, 3, 4, 5));
+
+// A process without the option, still running with its statements prepared on the log before
+// it was partitioned: the event it holds commits, and its next reservation fails without writing
+// anything (it would not see the keys of later generations).
+TEST_F(Generations, AProcessWithoutTheOptionFinishesItsEventAndThenStops) {
+  PostgresStore old = store(false);
+  old.migrate();
+  const std::int64_t fence = old.reserve(key_of(1), same_request(), "request", 30s).fence;
+  store(true).migrate();
+  EXPECT_EQ(old.commit(key_of(1), fence, "done", [](PostgresStore::transaction&) {}),
+            idemgate::CommitStatus::committed);
+  EXPECT_ANY_THROW(old.reserve(key_of(2), same_request(), "request", 30s));
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 1);
+  PostgresStore s = store(true);
+  EXPECT_EQ(s.reserve(key_of(1), same_request(), "request", 30s).result, "done");
+}
 
 TEST_F(Generations, AKeyIsReservedOnceWhicheverGenerationHoldsIt) {
   PostgresStore s = store(true);
