@@ -226,7 +226,8 @@ class OperatorCommand : public ::testing::TestWithParam<std::string> {
       fs::remove_all(dir_);
     } else if (!uri_.empty()) {
       postgres_.reset();
-      idemgate::test::pg_exec("DROP TABLE IF EXISTS " + table_ + ", " + table_ + "_mismatches");
+      idemgate::test::pg_exec("DROP TABLE IF EXISTS " + table_ + ", " + table_ + "_mismatches, " +
+                              table_ + "_generations, " + table_ + "_migrations");
     }
   }
 
@@ -659,12 +660,57 @@ TEST_P(OperatorCommand, CheckPassesOnTheLogAndFailsWithExitThreeWithoutIt) {
   EXPECT_NE(missing.err.find("idemgate migrate"), std::string::npos) << missing.err;
 }
 
+TEST_P(OperatorCommand, GenerationsPartitionsTheLogThenListsStartsAndDropsGenerations) {
+  if (GetParam() == "sqlite") {
+    const Ran r = run("generations");
+    EXPECT_EQ(r.rc, 2);
+    EXPECT_NE(r.err.find("an SQLite log has no generations"), std::string::npos) << r.err;
+    return;
+  }
+  const Ran plain = run("generations");
+  EXPECT_EQ(plain.rc, 1);
+  EXPECT_NE(plain.err.find("idemgate migrate --partitioned"), std::string::npos) << plain.err;
+
+  const json migrated = run_json("migrate", {"--partitioned"});
+  ASSERT_FALSE(migrated["applied"].empty()) << migrated.dump();
+  EXPECT_EQ(migrated["applied"].back()["version"], 6) << migrated.dump();
+  const json first = run_json("generations", {});
+  ASSERT_EQ(first["generations"].size(), 1u) << first.dump();
+  EXPECT_EQ(first["generations"][0]["generation"], 0);
+  EXPECT_EQ(first["generations"][0]["current"], true);
+
+  // A dry run starts nothing; --execute starts generation 1.
+  EXPECT_EQ(run_json("generations", {"--start"})["generations"].size(), 1u);
+  const json started = run_json("generations", {"--start", "--execute"});
+  EXPECT_EQ(started["started"], 1) << started.dump();
+  ASSERT_EQ(started["generations"].size(), 2u) << started.dump();
+  EXPECT_EQ(started["generations"][1]["current"], true);
+
+  // The command finds the log partitioned and purges it as such; generation 0 still holds the
+  // recent, escalated and in-flight rows, so it stays.
+  EXPECT_EQ(run_json("purge", {"--all-gates", "--older-than", "7d", "--execute"})["total"], 4);
+  const json kept = run_json("generations", {"--drop-empty", "--execute"});
+  EXPECT_EQ(kept["dropped"], 0) << kept.dump();
+  EXPECT_EQ(status(payments, seed_.committed_new[0]), RecordStatus::committed);
+  EXPECT_EQ(status(payments, seed_.escalated[0]), RecordStatus::escalated);
+
+  // Once those rows end, generation 0 is dropped.
+  idemgate::test::pg_exec("DELETE FROM " + table_ + "_g0");
+  const json dropped = run_json("generations", {"--drop-empty", "--execute"});
+  EXPECT_EQ(dropped["dropped"], 1) << dropped.dump();
+  ASSERT_EQ(dropped["generations"].size(), 1u) << dropped.dump();
+  EXPECT_EQ(dropped["generations"][0]["generation"], 1);
+  const Ran table = run("generations");
+  EXPECT_EQ(table.rc, 0) << table.err;
+  EXPECT_NE(table.out.find("GENERATION"), std::string::npos) << table.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, OperatorCommand, ::testing::Values("sqlite", "postgres"),
                          [](const auto& param) { return param.param; });
 
 TEST(OperatorCommandAlone, EverySubcommandHasHelp) {
   for (const auto& sub : {"check", "migrate", "gates", "signals", "list", "count", "show", "causes",
-                          "redrive", "purge", "key"}) {
+                          "redrive", "purge", "generations", "key"}) {
     const Ran r = idemgate_run({sub, "--help"});
     EXPECT_EQ(r.rc, 0) << sub;
     EXPECT_NE(r.out.find("Usage:"), std::string::npos) << sub << r.out;

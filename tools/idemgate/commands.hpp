@@ -678,6 +678,58 @@ class Commands {
     return total == 0 ? exit_nothing : exit_ok;
   }
 
+  /// `generations`: the generations of a partitioned PostgreSQL log, oldest first; with `start`
+  /// the next one starts, with `drop_empty` the older ones that hold no row are dropped (a dry
+  /// run unless `execute`).
+  int generations(bool start, bool drop_empty, bool execute) {
+    if constexpr (requires { root_.generations(); }) {
+      if (!root_.partitioned_log()) {
+        std::fprintf(stderr,
+                     "idemgate: the log %s is not partitioned by generation; `idemgate migrate "
+                     "--partitioned` makes it so (online)\n",
+                     c_.table.c_str());
+        return exit_nothing;
+      }
+      nlohmann::json done = nlohmann::json::object();
+      if (execute && start) done["started"] = root_.start_generation();
+      if (execute && drop_empty) done["dropped"] = root_.drop_empty_generations();
+      Table table({"GENERATION", "CURRENT", "ROWS", "BYTES", "DETACH_PENDING"});
+      auto out = nlohmann::json::array();
+      for (const auto& g : root_.generations()) {
+        table.add({std::to_string(g.number), g.current ? "yes" : "",
+                   std::to_string(g.rows_estimate), std::to_string(g.bytes),
+                   g.detach_pending ? "yes" : ""});
+        out.push_back({{"generation", g.number},
+                       {"current", g.current},
+                       {"rows_estimate", g.rows_estimate},
+                       {"bytes", g.bytes},
+                       {"detach_pending", g.detach_pending}});
+      }
+      if (c_.json) {
+        done["executed"] = execute;
+        done["generations"] = out;
+        print_json(done);
+        return exit_ok;
+      }
+      table.print(stdout);
+      if (done.contains("started"))
+        std::printf("reservations write into generation %d now\n", done["started"].get<int>());
+      if (done.contains("dropped"))
+        std::printf("dropped %zu empty generation%s\n", done["dropped"].get<std::size_t>(),
+                    done["dropped"].get<std::size_t>() == 1 ? "" : "s");
+      if (!execute && (start || drop_empty))
+        std::printf("dry run: add --execute to %s\n",
+                    start && drop_empty ? "start the next generation and drop the empty older ones"
+                    : start             ? "start the next generation"
+                                        : "drop the older generations that hold no row");
+      return exit_ok;
+    } else {
+      throw UsageError(
+          "generations: an SQLite log has no generations (a PostgreSQL log has them "
+          "with `idemgate migrate --partitioned`)");
+    }
+  }
+
   /// `migrate`: creates the log, or applies the numbered steps an earlier version's lacks; says
   /// which steps it applied, and which a log made before versions were recorded already had.
   int migrate() {

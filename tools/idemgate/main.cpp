@@ -57,7 +57,26 @@ struct Args {
   std::string wait = "10s";
   std::string scope;
   std::vector<std::string> parts;
+  bool partitioned = false;
+  bool start_generation = false;
+  bool drop_empty = false;
 };
+
+#if IDEMGATE_TOOL_POSTGRES
+// Whether the PostgreSQL log is partitioned by generation, so the store opens it as such. A log
+// that cannot be read here (no server, no table) is opened as it is and reports that itself.
+bool log_is_partitioned(const std::string& store, const std::string& table) {
+  try {
+    pqxx::connection connection(store);
+    pqxx::nontransaction tx(connection);
+    namespace pq = idemgate::detail::pq;
+    return pq::bool_field(pq::exec(tx, idemgate::PostgresStore::statement_sql(
+                                           idemgate::sql::postgres::log_partitioned, table))[0][0]);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+#endif
 
 template <class Store>
 int dispatch(const std::string& which, Store root, Args& a) {
@@ -79,6 +98,7 @@ int dispatch(const std::string& which, Store root, Args& a) {
     return run.redrive(a.redrive, a.execute);
   }
   if (which == "adopt") return run.adopt(a.batch, a.execute);
+  if (which == "generations") return run.generations(a.start_generation, a.drop_empty, a.execute);
   if (which == "purge") {
     if (a.older_than.empty()) throw UsageError("purge needs --older-than, such as 30d");
     return run.purge(parse_duration(a.older_than), a.batch, a.execute);
@@ -116,6 +136,7 @@ int with_store(const std::string& which, Args& a) {
     try {
       idemgate::PostgresOptions o;
       o.table = c.table;
+      o.partitioned_log = a.partitioned || log_is_partitioned(c.store, c.table);
       o.pool_size = 2;  // one more for the progress line's counts
       o.startup_wait =
           std::chrono::duration_cast<std::chrono::milliseconds>(parse_duration(a.wait));
@@ -250,6 +271,9 @@ int main(int argc, char** argv) {
   add_common(*migrate, a, false);
   migrate->add_option("--wait", a.wait,
                       "How long to wait for an unreachable PostgreSQL server (default 10s)");
+  migrate->add_flag("--partitioned", a.partitioned,
+                    "Make the PostgreSQL log a log of generations (PostgresOptions::"
+                    "partitioned_log), online; every process of the log must then set it");
 
   auto* gates = app.add_subcommand("gates", "Every gate of the log, with its rows by status");
   add_common(*gates, a, true);
@@ -321,6 +345,18 @@ int main(int argc, char** argv) {
   adopt->add_flag("--progress", a.common.progress,
                   "Show progress even when standard error is not a terminal");
   adopt->add_option("--batch", a.batch, "Rows per statement (default 1000)");
+
+  auto* generations = app.add_subcommand(
+      "generations",
+      "The generations of a partitioned PostgreSQL log with their sizes; start the next one, or "
+      "drop the older ones that hold no row (a dry run unless --execute)");
+  add_common(*generations, a, false);
+  generations->add_flag("--start", a.start_generation,
+                        "Start the next generation now (waits for reservations in flight)");
+  generations->add_flag("--drop-empty", a.drop_empty,
+                        "Drop every generation older than the current one that holds no row");
+  generations->add_flag("--execute", a.execute,
+                        "Start or drop (without it: a dry run that changes nothing)");
 
   auto* key = app.add_subcommand(
       "key", "The key derive_key gives for a scope and the upstream's ids (no store needed)");

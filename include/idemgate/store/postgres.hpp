@@ -366,10 +366,15 @@ class PostgresStore {
   /// every older generation left empty (`drop_empty_generations`): their space goes back at once,
   /// whatever snapshot another session holds.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
-    if (session_->options().partitioned_log) generations_of_log().start_if_older_than(older_than);
+    if (partitioned_log()) generations_of_log().start_if_older_than(older_than);
     const std::size_t deleted = monitoring().purge(older_than, batch);
-    if (session_->options().partitioned_log) generations_of_log().drop_empty();
+    if (partitioned_log()) generations_of_log().drop_empty();
     return deleted;
+  }
+
+  /// Whether this store opens its log as a log of generations (`PostgresOptions::partitioned_log`).
+  [[nodiscard]] bool partitioned_log() const noexcept {
+    return session_->options().partitioned_log;
   }
 
   /// The generations of a partitioned log (`PostgresOptions::partitioned_log`), oldest first.
