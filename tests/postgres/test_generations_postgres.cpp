@@ -262,6 +262,39 @@ TEST_F(Generations, UnderASnapshotHeldOpenTheLogStaysFlatWhereTheUnpartitionedOn
   held.commit();
 }
 
+// The session detaching an emptied generation is cut while the detach waits for a transaction
+// that read the log: the generation is left detach-pending, and the same call, sending it again
+// on a fresh connection, finishes that detach and drops the generation.
+TEST_F(Generations, ADetachCutMidStatementIsFinishedWhenSentAgain) {
+  PostgresStore s = store(true);
+  s.migrate();
+  run_events(s, 0, 3);
+  s.start_generation();
+  pg_exec("DELETE FROM " + log + "_g0");
+
+  pqxx::connection reader(idemgate::test::pg_uri());
+  pqxx::work reading(reader);
+  reading.exec("SELECT count(*) FROM " + log);
+  auto dropping = std::async(std::launch::async, [&] { return s.drop_empty_generations(); });
+  const std::string waiting = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%" + log +
+                              "_g0 CONCURRENTLY%' AND wait_event IS NOT NULL";
+  for (int i = 0; i < 200 && pg_count(waiting) == 0; ++i) std::this_thread::sleep_for(25ms);
+  ASSERT_EQ(pg_count(waiting), 1) << "the detach never waited";
+  pg_exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%" + log +
+          "_g0 CONCURRENTLY%' AND pid <> pg_backend_pid()");
+  // The detach's first transaction committed before the wait: the generation is pending. The
+  // store's retry on a fresh connection finds it so and finishes it once the reader is gone.
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_inherits WHERE inhdetachpending AND inhparent = '" +
+                     log + "'::regclass"),
+            1);
+  reading.commit();
+  EXPECT_EQ(dropping.get(), 1u);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_class WHERE relname = '" + log + "_g0'"), 0);
+  const std::vector<idemgate::LogGeneration> left = s.generations();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].number, 1);
+}
+
 TEST_F(Generations, CallsOnALogWithoutGenerationsSayWhatToSet) {
   PostgresStore s = store(false);
   s.migrate();

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -119,9 +120,7 @@ class Generations {
       if (!pending && !pq::bool_field(query(
                           with_generation(sql::postgres::generation_empty.text, number))[0][0]))
         continue;
-      query(with_generation(
-          pending ? sql::postgres::finish_detach.text : sql::postgres::detach_generation.text,
-          number));
+      detach(number, pending);
       query(with_generation(sql::postgres::drop_generation.text, number));
       s_.log("idemgate: dropped generation " + std::to_string(number) + " of " + s_.table() +
              ", empty.");
@@ -149,10 +148,28 @@ class Generations {
     return {static_cast<int>(pq::int_field(r[0][0])), pq::bool_field(r[0][1])};
   }
 
-  bool attached(int number) {
+  // Whether generation `number` is attached, pending a detach (nullopt: not attached at all).
+  std::optional<bool> detach_pending(int number) {
     for (const pq::row& row : query(s_.render(sql::postgres::list_generations.text)))
-      if (pq::int_field(row[0]) == number) return true;
-    return false;
+      if (pq::int_field(row[0]) == number) return pq::bool_field(row[1]);
+    return std::nullopt;
+  }
+  bool attached(int number) { return detach_pending(number).has_value(); }
+
+  // Detaches generation `number`, or finishes its interrupted detach. A detach cut mid-statement
+  // and sent again on a fresh connection finds its first transaction committed: it finishes it.
+  // A generation another session detached meanwhile is left to the drop.
+  void detach(int number, bool pending) {
+    try {
+      query(with_generation(
+          pending ? sql::postgres::finish_detach.text : sql::postgres::detach_generation.text,
+          number));
+    } catch (const pqxx::sql_error&) {
+      const std::optional<bool> now = detach_pending(number);
+      if (!now) return;
+      if (!*now || pending) throw;
+      query(with_generation(sql::postgres::finish_detach.text, number));
+    }
   }
 
   // The statement's text for generation `number` (its `{1}`), rendered for the log.
