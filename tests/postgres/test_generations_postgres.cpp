@@ -262,6 +262,124 @@ TEST_F(Generations, UnderASnapshotHeldOpenTheLogStaysFlatWhereTheUnpartitionedOn
   held.commit();
 }
 
+// Under a held snapshot the rows a purge deletes stay in their generation's table. The purge
+// steps over them once: every batch goes on in key order where the one before stopped, so it
+// reads a few index entries per row it deletes (to pick it, then to delete it; each of those
+// finds the entries of the row's two versions, its reservation's and its commit's, until the
+// server prunes the older), where batches that started over would read the deleted ones again
+// and again (here 20 batches of 100 over 2,000 rows: some 30,000 entries; a bitmap of the rest
+// of the generation and a sort in every batch, some 40,000).
+TEST_F(Generations, UnderASnapshotHeldOpenAPurgeReadsEachDeletedRowOnce) {
+  pg_exec("CREATE TABLE " + log + "_elsewhere (n int)");
+  const std::string name = "purge_" + log;
+  const std::string uri = idemgate::test::pg_uri() +
+                          (idemgate::test::pg_uri().find('?') == std::string::npos ? "?" : "&") +
+                          "application_name=" + name;
+  const auto store_on_uri = [&] {
+    PostgresOptions o{.table = log, .pool_size = 2, .checkout_timeout = 10s};
+    o.partitioned_log = true;
+    return PostgresStore(uri, o);
+  };
+  // The index entries the generation's scans read so far, once the store's sessions, gone,
+  // reported them.
+  const auto reads = [&] {
+    for (int i = 0; i < 400 && pg_count("SELECT count(*) FROM pg_stat_activity WHERE "
+                                        "application_name = '" +
+                                        name + "'") > 0;
+         ++i)
+      std::this_thread::sleep_for(25ms);
+    return pg_count(
+        "SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes "
+        "WHERE relname = '" +
+        log + "_g0'");
+  };
+  {
+    PostgresStore s = store_on_uri();
+    s.migrate();
+    run_events(s, 0, 2000);
+    // An attempt in flight keeps generation 0 from being dropped, and its counts with it.
+    ASSERT_EQ(s.reserve(key_of(-1), same_request(), "request", 1h).kind,
+              Reservation::Kind::acquired);
+  }
+  const std::int64_t before = reads();
+
+  pqxx::connection holder(idemgate::test::pg_uri());
+  pqxx::work held(holder, "held");
+  held.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+  held.exec("SELECT count(*) FROM " + log + "_elsewhere");
+  {
+    PostgresStore s = store_on_uri();
+    EXPECT_EQ(s.purge(0s, 100), 2000u);
+  }
+  const std::int64_t read = reads() - before;
+  held.commit();
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + "_g0"), 1);
+  EXPECT_GE(read, 2000) << "the statistics never counted the purge's reads";
+  EXPECT_LT(read, 6 * 2000) << "the purge stepped over the rows it deleted again and again";
+}
+
+// A generation whose every row the purge may delete is emptied at once (truncated, then dropped):
+// no row is deleted one by one. While another gate still has a row in it, the purge deletes
+// its own gate's rows one by one and leaves that row; that gate's purge then empties it.
+TEST_F(Generations, AGenerationWhoseRowsAllGoIsEmptiedWholeAndAnotherGatesRowsStay) {
+  PostgresStore s = store(true);
+  s.migrate();
+  PostgresStore other = s.for_gate("ect.notify_forwarder");
+  run_events(s, 0, 50);
+  run_events(other, 1000, 5);
+  s.start_generation();
+  pg_exec("CREATE TABLE " + log + "_elsewhere (n int)");
+  pg_exec("CREATE FUNCTION " + log +
+          "_count() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+          "INSERT INTO " +
+          log + "_elsewhere VALUES (1); RETURN OLD; END $$");
+  pg_exec("CREATE TRIGGER counted AFTER DELETE ON " + log + "_g0 FOR EACH ROW EXECUTE FUNCTION " +
+          log + "_count()");
+
+  EXPECT_EQ(s.purge(0s, 1000), 50u);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + "_elsewhere"), 50)
+      << "with another gate's rows in it, the generation is purged row by row";
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + "_g0"), 5);
+
+  EXPECT_EQ(other.purge(0s, 1000), 5u);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + "_elsewhere"), 50)
+      << "the last gate's rows were deleted one by one instead of the generation emptied";
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_class WHERE relname = '" + log + "_g0'"), 0);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 0);
+  pg_exec("DROP FUNCTION " + log + "_count() CASCADE");
+}
+
+// While a transaction older than the window stays open, a purge deletes only in generations
+// whose every row is past the window, and leaves the rows of the one that was filling until
+// then (deleting them would give no space back under that snapshot); once it ends, they go.
+TEST_F(Generations, UnderASnapshotOlderThanTheWindowOnlyWholeGenerationsArePurged) {
+  pg_exec("CREATE TABLE " + log + "_elsewhere (n int)");
+  PostgresStore s = store(true);
+  s.migrate();
+  run_events(s, 0, 10);  // generation 0
+  s.start_generation();
+  run_events(s, 100, 10);  // generation 1, current
+
+  pqxx::connection holder(idemgate::test::pg_uri());
+  pqxx::work held(holder, "held");
+  held.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+  held.exec("SELECT count(*) FROM " + log + "_elsewhere");
+  std::this_thread::sleep_for(3500ms);
+
+  // Generation 1 began more than the window ago: the purge starts generation 2. Every row of
+  // generation 0 is past the window (generation 1 began before it); generation 1's rows are
+  // too, but the generation it is (the one the current one followed) is not known to be.
+  EXPECT_EQ(s.purge(2s, 1000), 10u);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 10);
+  EXPECT_EQ(generation_of(key_of(100)), 1);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM pg_class WHERE relname = '" + log + "_g0'"), 0)
+      << "the emptied generation was not dropped";
+
+  held.commit();
+  EXPECT_EQ(s.purge(2s, 1000), 10u) << "once the snapshot ended";
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 0);
+}
+
 // The session detaching an emptied generation is cut while the detach waits for a transaction
 // that read the log: the generation is left detach-pending, and the same call, sending it again
 // on a fresh connection, finishes that detach and drops the generation.

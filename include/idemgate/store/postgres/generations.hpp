@@ -8,6 +8,7 @@
 #include "../../errors.hpp"
 #include "session.hpp"
 #include "sql/generations.hpp"
+#include "values.hpp"
 
 #include <pqxx/pqxx>
 
@@ -44,7 +45,7 @@ namespace idemgate::detail::postgres {
 class Generations {
  public:
   /// On the handle's scope.
-  explicit Generations(Scope scope) noexcept : s_(scope.session) {}
+  explicit Generations(Scope scope) noexcept : s_(scope.session), gate_(scope.gate) {}
 
   /// See `PostgresStore::generations`.
   std::vector<LogGeneration> list() {
@@ -107,6 +108,56 @@ class Generations {
     return {started ? next : current_generation(std::chrono::seconds(0)).first, started};
   }
 
+  /// The purge on a log of generations (see `PostgresStore::purge`), generation by generation.
+  /// An older generation whose every row the purge may delete is emptied whole (truncated);
+  /// otherwise the gate's finished rows past the window go in key order, in batches that go on
+  /// where the one before stopped. The current generation is skipped while it began less than
+  /// `older_than` ago: what it holds came later. While a transaction older than the window is
+  /// open in the database, only the generations whose every row is past the window are purged
+  /// (those before the one the current one followed, or that one too once the current began the
+  /// window ago): that snapshot keeps what a delete leaves, so deleting from a generation still
+  /// filling would give no space back and make every later purge step over it again. Returns
+  /// how many rows it deleted.
+  std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
+    const auto [current, current_due] = current_generation(older_than);
+    const bool held = snapshot_held_longer_than(older_than);
+    const int last =
+        held ? (current_due ? current - 1 : current - 2) : (current_due ? current : current - 1);
+    const std::int64_t window = sql_duration<std::chrono::seconds>(older_than);
+    const std::int64_t limit = sql_limit(batch);
+    std::size_t deleted = 0;
+    for (const pq::row& row : query(s_.render(sql::postgres::list_generations.text))) {
+      const int number = static_cast<int>(pq::int_field(row[0]));
+      // A generation pending its detach holds no row.
+      if (pq::bool_field(row[1]) || number > last) continue;
+      // Every row of an older generation the purge may delete: the generation is emptied whole
+      // (a batch of none deletes nothing).
+      if (number < current && limit > 0) {
+        if (const std::optional<std::int64_t> emptied = empty_whole(number, window)) {
+          deleted += static_cast<std::size_t>(*emptied);
+          continue;
+        }
+      }
+      const std::string text = with_generation(sql::postgres::purge_generation.text, number);
+      std::string after;
+      for (;;) {
+        const pqxx::result r = s_.run([&](Lease& c) {
+          pqxx::work tx(c.connection());
+          pq::exec(tx, std::string(sql::postgres::purge_generation_plan));
+          pqxx::result picked =
+              pq::exec_params(tx, text, gate_, window, limit, pq::bytea_param(after));
+          tx.commit();
+          return picked;
+        });
+        deleted += static_cast<std::size_t>(pq::int_field(r[0][1]));
+        const std::int64_t picked = pq::int_field(r[0][0]);
+        if (picked == 0 || picked < limit) break;
+        after = pq::bytea_field(r[0][2]);
+      }
+    }
+    return deleted;
+  }
+
   /// See `PostgresStore::drop_empty_generations`.
   std::size_t drop_empty() {
     require_partitioned("drop_empty_generations");
@@ -146,6 +197,45 @@ class Generations {
                              static_cast<std::int64_t>(span.count()));
     });
     return {static_cast<int>(pq::int_field(r[0][0])), pq::bool_field(r[0][1])};
+  }
+
+  // Truncates generation `number` when every row of it is the gate's and past the window;
+  // returns how many rows it held, or nullopt (a row to keep, or a statement that held the
+  // generation longer than the lock's bound): the purge then deletes row by row.
+  std::optional<std::int64_t> empty_whole(int number, std::int64_t window) {
+    const std::string kept = with_generation(sql::postgres::generation_kept_rows.text, number);
+    const auto count_kept = [&](pqxx::transaction_base& tx) {
+      const pqxx::result r = pq::exec_params(tx, kept, gate_, window);
+      return std::pair{pq::int_field(r[0][0]), pq::int_field(r[0][1])};
+    };
+    // First without the lock: a generation with a row to keep is not held back for the count.
+    const auto [kept_first, rows_first] = s_.run([&](Lease& c) {
+      pqxx::nontransaction tx(c.connection());
+      return count_kept(tx);
+    });
+    if (kept_first > 0 || rows_first == 0) return std::nullopt;
+    try {
+      return s_.run([&](Lease& c) -> std::optional<std::int64_t> {
+        pqxx::work tx(c.connection());
+        pq::exec(tx, s_.render(sql::postgres::empty_generation[0]));
+        pq::exec(tx, with_generation(sql::postgres::empty_generation[1], number));
+        const auto [kept_now, rows] = count_kept(tx);
+        if (kept_now > 0) return std::nullopt;
+        pq::exec(tx, with_generation(sql::postgres::empty_generation[2], number));
+        tx.commit();
+        return rows;
+      });
+    } catch (const pqxx::sql_error& e) {
+      // 55P03: a statement held the generation past the lock's bound.
+      if (e.sqlstate() != "55P03") throw;
+      return std::nullopt;
+    }
+  }
+
+  // Whether a transaction open in the database began more than `span` ago.
+  bool snapshot_held_longer_than(std::chrono::seconds span) {
+    const pqxx::result r = query(s_.render(sql::postgres::oldest_snapshot_age.text));
+    return pq::int_field(r[0][0]) > sql_duration<std::chrono::seconds>(span);
   }
 
   // Whether generation `number` is attached, pending a detach (nullopt: not attached at all).
@@ -190,6 +280,7 @@ class Generations {
   }
 
   Session& s_;
+  const std::string& gate_;
 };
 
 }  // namespace idemgate::detail::postgres

@@ -94,10 +94,9 @@ class Monitoring {
     });
   }
 
- private:
-  // VACUUM of the log after a purge. Autovacuum alone visits a table at most once per
-  // autovacuum_naptime (a minute by default): a log whose rows are purged as fast as they
-  // arrive would meanwhile fill with dead rows that every scan of the purge steps over.
+  /// VACUUM of the log after a purge. Autovacuum alone visits a table at most once per
+  /// autovacuum_naptime (a minute by default): a log whose rows are purged as fast as they
+  /// arrive would meanwhile fill with dead rows that every scan of the purge steps over.
   void vacuum_log() {
     try {
       s_.run([&](Lease& c) {
@@ -111,6 +110,7 @@ class Monitoring {
     }
   }
 
+ private:
   // Runs `statement` (`$1 gate, $2 older than (s), $3 limit`), each batch its own statement,
   // until a batch deletes fewer than `batch` rows; a VACUUM of the log follows when it deleted
   // any.

@@ -115,6 +115,62 @@ SELECT substring(c.relname FROM '_g([0-9]+)$')::integer, i.inhdetachpending,
  ORDER BY 1
 )sql"};
 
+/// One batch of a purge in generation `{1}`: the gate's finished rows past the window, in key
+/// order after `$4`, each batch going on where the one before stopped. The versions a purge
+/// deleted stay in the table while another session holds a snapshot; a batch that started over
+/// would step over all of them again (and a bitmap of the whole gate before its first row).
+/// Answers the rows it picked and deleted, and the last key it picked. It runs after
+/// `purge_generation_plan`, in one transaction with it.
+inline constexpr Statement purge_generation{
+    "purge_generation", "$1 gate, $2 older than (s), $3 limit, $4 after key, {1} generation", R"sql(
+WITH picked AS MATERIALIZED (
+  SELECT key FROM {log}_g{1}
+   WHERE gate = $1::text AND key > $4::bytea AND status IN ('committed', 'failed')
+     AND created_at < now() - $2::bigint * interval '1 second'
+     AND updated_at < now() - $2::bigint * interval '1 second'
+   ORDER BY key LIMIT $3::bigint FOR UPDATE SKIP LOCKED),
+gone AS (
+  DELETE FROM {log}_g{1} AS finished USING picked
+   WHERE finished.gate = $1::text AND finished.key = picked.key
+  RETURNING 1)
+SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone), (SELECT key FROM picked ORDER BY key DESC LIMIT 1)
+)sql"};
+
+/// Generation `{1}`'s rows a purge of the gate with the window may not delete (another gate's,
+/// in flight, escalated, or finished within the window), and all its rows.
+inline constexpr Statement generation_kept_rows{"generation_kept_rows",
+                                                "$1 gate, $2 older than (s), {1} generation", R"sql(
+SELECT count(*) FILTER (WHERE gate <> $1::text OR status NOT IN ('committed', 'failed')
+                           OR created_at >= now() - $2::bigint * interval '1 second'
+                           OR updated_at >= now() - $2::bigint * interval '1 second'),
+       count(*)
+  FROM {log}_g{1}
+)sql"};
+
+/// Empties generation `{1}` at once when a purge may delete every row of it: the lock waits
+/// (5 s at most) for every statement that read it and holds new ones back, `generation_kept_rows`
+/// runs again under it, and then (when it found none) the table is truncated: no row is deleted
+/// one by one, and the space goes back whatever snapshot another session holds.
+inline constexpr std::string_view empty_generation[] = {
+    "SET LOCAL lock_timeout = '5s'",
+    "LOCK TABLE {log}_g{1} IN ACCESS EXCLUSIVE MODE",
+    "TRUNCATE {log}_g{1}",
+};
+
+/// The plan `purge_generation` needs: the walk of the generation's key in order, whatever the
+/// statistics of a generation that just filled say (with too few rows counted, the planner
+/// prefers a bitmap of every key after `$4` and a sort, which reads the rest of the generation
+/// in every batch).
+inline constexpr std::string_view purge_generation_plan =
+    "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off; "
+    "SET LOCAL enable_sort = off";
+
+/// The age in whole seconds of the oldest transaction open in this database besides the
+/// caller's (0 when none), counted as the signals count it (`oldest_snapshot`).
+inline constexpr Statement oldest_snapshot_age{"oldest_snapshot_age", "", R"sql(
+SELECT {oldest_snapshot()}
+)sql"};
+
 /// Whether generation `{1}` holds no row.
 inline constexpr Statement generation_empty{"generation_empty", "{1} generation", R"sql(
 SELECT NOT EXISTS (SELECT 1 FROM {log}_g{1})
