@@ -7,15 +7,18 @@
 #include "support/postgres.hpp"
 #include "support/released_logs.hpp"
 #include "support/released_rows.hpp"
+#include "support/upgrade_race.hpp"
 
 #include <idemgate/detail/crypto/sha256.hpp>
 #include <idemgate/key.hpp>
 #include <idemgate/store/postgres.hpp>
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <future>
 #include <string>
@@ -378,6 +381,40 @@ TEST_F(Generations, UnderASnapshotOlderThanTheWindowOnlyWholeGenerationsArePurge
   held.commit();
   EXPECT_EQ(s.purge(2s, 1000), 10u) << "once the snapshot ended";
   EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 0);
+}
+
+// A process killed while it starts a generation, its table made and attached and its lock
+// waiting behind a transaction that read the generations table, changes nothing: reservations
+// go on in the current generation, and the next start makes that same generation current.
+TEST_F(Generations, AProcessKilledWhileStartingAGenerationLeavesTheLogAsItWas) {
+  PostgresStore s = store(true);
+  s.migrate();
+  run_events(s, 0, 3);
+  pqxx::connection blocker(idemgate::test::pg_uri());
+  pqxx::work holding(blocker);
+  holding.exec("SELECT current FROM " + log + "_generations");
+
+  const pid_t starter = idemgate::test::forked([&] {
+    PostgresStore other = store(true, 1);
+    other.start_generation();
+  });
+  const std::string waiting =
+      "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LOCK TABLE " + log +
+      "_generations%' AND wait_event_type = 'Lock'";
+  for (int i = 0; i < 400 && pg_count(waiting) == 0; ++i) std::this_thread::sleep_for(25ms);
+  ASSERT_EQ(pg_count(waiting), 1) << "the start never waited for the lock";
+  ::kill(starter, SIGKILL);
+  EXPECT_EQ(idemgate::test::exit_status(starter), -1);
+  holding.commit();
+
+  EXPECT_EQ(pg_count("SELECT current FROM " + log + "_generations"), 0);
+  run_events(s, 10, 3);
+  EXPECT_EQ(generation_of(key_of(10)), 0);
+  EXPECT_EQ(s.start_generation(), 1);
+  run_events(s, 20, 3);
+  EXPECT_EQ(generation_of(key_of(20)), 1);
+  EXPECT_EQ(s.reserve(key_of(10), same_request(), "request", 30s).kind,
+            Reservation::Kind::existing);
 }
 
 // The session detaching an emptied generation is cut while the detach waits for a transaction
