@@ -121,8 +121,9 @@ class Generations {
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
     const auto [current, current_due] = current_generation(older_than);
     const bool held = snapshot_held_longer_than(older_than);
-    const int last =
-        held ? (current_due ? current - 1 : current - 2) : (current_due ? current : current - 1);
+    // The newest generation purged: the one before the current (the current one too once it
+    // is a window old), one fewer under an old snapshot.
+    const int last = current - 1 + (current_due ? 1 : 0) - (held ? 1 : 0);
     const std::int64_t window = sql_duration<std::chrono::seconds>(older_than);
     const std::int64_t limit = sql_limit(batch);
     std::size_t deleted = 0;

@@ -56,9 +56,11 @@ inline constexpr const Statement* prepared[] = {
 
 /// Every fragment the statements call (`{name(…)}`).
 inline constexpr const Fragment* fragments[] = {
-    &history_with,       &released_by_this_attempt, &taken_over_history, &redriven,
-    &row_filter,         &oldest_snapshot,          &has_column,         &cause,
-    &reason_or_cause_is,
+    &history_with,       &released_by_this_attempt,
+    &taken_over_history, &redriven,
+    &row_filter,         &oldest_snapshot,
+    &has_column,         &cause,
+    &reason_or_cause_is, &purgeable,
 };
 
 }  // namespace idemgate::sql::postgres

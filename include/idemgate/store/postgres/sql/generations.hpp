@@ -125,25 +125,21 @@ inline constexpr Statement purge_generation{
     "purge_generation", "$1 gate, $2 older than (s), $3 limit, $4 after key, {1} generation", R"sql(
 WITH picked AS MATERIALIZED (
   SELECT key FROM {log}_g{1}
-   WHERE gate = $1::text AND key > $4::bytea AND status IN ('committed', 'failed')
-     AND created_at < now() - $2::bigint * interval '1 second'
-     AND updated_at < now() - $2::bigint * interval '1 second'
+   WHERE gate = $1::text AND key > $4::bytea AND {purgeable()}
    ORDER BY key LIMIT $3::bigint FOR UPDATE SKIP LOCKED),
 gone AS (
   DELETE FROM {log}_g{1} AS finished USING picked
    WHERE finished.gate = $1::text AND finished.key = picked.key
   RETURNING 1)
-SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone), (SELECT key FROM picked ORDER BY key DESC LIMIT 1)
+SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone),
+       (SELECT key FROM picked ORDER BY key DESC LIMIT 1)
 )sql"};
 
 /// Generation `{1}`'s rows a purge of the gate with the window may not delete (another gate's,
 /// in flight, escalated, or finished within the window), and all its rows.
 inline constexpr Statement generation_kept_rows{"generation_kept_rows",
                                                 "$1 gate, $2 older than (s), {1} generation", R"sql(
-SELECT count(*) FILTER (WHERE gate <> $1::text OR status NOT IN ('committed', 'failed')
-                           OR created_at >= now() - $2::bigint * interval '1 second'
-                           OR updated_at >= now() - $2::bigint * interval '1 second'),
-       count(*)
+SELECT count(*) FILTER (WHERE gate <> $1::text OR NOT ({purgeable()})), count(*)
   FROM {log}_g{1}
 )sql"};
 

@@ -63,13 +63,19 @@ SELECT key, stored, observed, source, (extract(epoch FROM at) * 1000000)::bigint
   FROM {mismatches} WHERE gate = $1::text ORDER BY at DESC LIMIT $2::bigint
 )sql"};
 
+/// A row a purge may delete: finished (committed or failed), reserved and last changed more than
+/// `$2` seconds ago (the purges of both shapes of the log, and the count of what a generation
+/// keeps).
+inline constexpr Fragment purgeable{"purgeable", "$2 older than (s)", R"sql(
+status IN ('committed', 'failed')
+     AND created_at < now() - $2::bigint * interval '1 second'
+     AND updated_at < now() - $2::bigint * interval '1 second')sql"};
+
 /// Deletes one batch of finished rows past the window, skipping rows locked by live traffic.
 inline constexpr Statement purge{"idemgate_purge", "$1 gate, $2 older than (s), $3 limit", R"sql(
 WITH picked AS MATERIALIZED (
   SELECT key FROM {log}
-   WHERE gate = $1::text AND status IN ('committed', 'failed')
-     AND created_at < now() - $2::bigint * interval '1 second'
-     AND updated_at < now() - $2::bigint * interval '1 second'
+   WHERE gate = $1::text AND {purgeable()}
    LIMIT $3::bigint FOR UPDATE SKIP LOCKED)
 DELETE FROM {log} USING picked WHERE {log}.gate = $1::text AND {log}.key = picked.key
 )sql"};
