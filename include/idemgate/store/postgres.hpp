@@ -388,9 +388,9 @@ class PostgresStore {
   /// The generations of a partitioned log (`PostgresOptions::partitioned_log`), oldest first.
   std::vector<LogGeneration> generations() { return generations_of_log().list(); }
 
-  /// Starts the next generation of a partitioned log now, once the reservations in flight in the
-  /// current one finished (`purge` does it when the current one is older than its window);
-  /// returns its number. Throws `StoreError` on a log without generations.
+  /// Starts the next generation of a partitioned log now, once the statements in flight on the
+  /// log finished (`purge` does it when the current one is older than its window); returns its
+  /// number. Throws `StoreError` on a log without generations.
   int start_generation() { return generations_of_log().start_next(); }
 
   /// Drops each generation of a partitioned log older than the current one that holds no row

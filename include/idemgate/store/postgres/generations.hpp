@@ -77,27 +77,38 @@ class Generations {
     const auto [current, due] = current_generation(span);
     if (!due) return {current, false};
     const int next = current + 1;
-    // Made and attached before it becomes current, so reservations always find their table;
-    // both idempotent, should an earlier attempt have stopped between them.
-    query(with_generation(sql::postgres::create_generation.text, next));
-    if (!attached(next)) query(with_generation(sql::postgres::attach_generation.text, next));
+    // Made first, on its own, so that the lock below is held for the attach alone; made already
+    // when an earlier attempt or another session starting the same generation made it.
+    try {
+      query(with_generation(sql::postgres::create_generation.text, next));
+    } catch (const pqxx::sql_error& e) {
+      // 23505: another session made it at the same moment (the catalog's unique index answered
+      // for it, once that session committed).
+      if (e.sqlstate() != "23505") throw;
+    }
+    const std::string attach = with_generation(sql::postgres::attach_generation.text, next);
+    const std::string listed = s_.render(sql::postgres::list_generations.text);
     bool started = false;
     try {
       started = s_.run([&](Lease& c) {
         pqxx::work tx(c.connection());
-        pq::exec(tx, s_.render(sql::postgres::start_generation[0]));
-        pq::exec(tx, s_.render(sql::postgres::start_generation[1]));
+        for (int i = 0; i < 2; ++i) pq::exec(tx, s_.render(sql::postgres::start_generation[i]));
+        // Attached already when another session started this generation first.
+        bool attached = false;
+        for (const pq::row& row : pq::exec(tx, listed))
+          attached = attached || pq::int_field(row[0]) == next;
+        if (!attached) pq::exec(tx, attach);
         const bool moved = pq::affected_rows(pq::exec_params(
                                tx, s_.render(sql::postgres::start_generation[2]), next)) > 0;
         tx.commit();
         return moved;
       });
     } catch (const pqxx::sql_error& e) {
-      // 55P03: a transaction that read the generations table stayed open past the lock's
-      // bound; reservations went on in the current generation meanwhile.
+      // 55P03: a transaction on the log stayed open past the lock's bound; reservations went
+      // on in the current generation meanwhile.
       if (e.sqlstate() != "55P03") throw;
       s_.log("idemgate: generation " + std::to_string(next) + " of " + s_.table() +
-             " not started: a transaction holding the generations table stayed open longer "
+             " not started: a transaction on the log stayed open longer "
              "than 5 s (" +
              e.what() + "). The next purge tries again.");
       return {current, false};
@@ -239,13 +250,12 @@ class Generations {
     return pq::int_field(r[0][0]) > sql_duration<std::chrono::seconds>(span);
   }
 
-  // Whether generation `number` is attached, pending a detach (nullopt: not attached at all).
+  // Whether generation `number`'s detach is pending (nullopt: not attached at all).
   std::optional<bool> detach_pending(int number) {
     for (const pq::row& row : query(s_.render(sql::postgres::list_generations.text)))
       if (pq::int_field(row[0]) == number) return pq::bool_field(row[1]);
     return std::nullopt;
   }
-  bool attached(int number) { return detach_pending(number).has_value(); }
 
   // Detaches generation `number`, or finishes its interrupted detach. A detach cut mid-statement
   // and sent again on a fresh connection finds its first transaction committed: it finishes it.

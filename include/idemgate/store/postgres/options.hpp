@@ -68,9 +68,9 @@ struct PostgresOptions {
   /// window, and drops each older generation its purges left empty. `migrate()` turns an
   /// existing log into one online (its rows become generation 0). A reservation reads the
   /// current generation in its statement and finds a key's row in any generation; starting a
-  /// generation waits for the reservations in flight (a lock, given up after 5 s until the next
-  /// purge). Every process of the log must set it alike: one without it fails on the partitioned
-  /// log rather than write past its generations. Off by default.
+  /// generation waits for the statements in flight on the log (a lock, given up after 5 s until
+  /// the next purge). Every process of the log must set it alike: one without it fails on the
+  /// partitioned log rather than write past its generations. Off by default.
   bool partitioned_log = false;
   /// What lies between the store and the server. Behind PgBouncer in transaction pooling mode,
   /// use `PostgresPooling::transaction`: a named statement prepared in one transaction is not

@@ -82,26 +82,35 @@ inline constexpr Statement current_generation{"current_generation", "$1 span (s)
 SELECT current, began_at <= now() - $1::bigint * interval '1 second' FROM {generations}
 )sql"};
 
-/// Generation `{1}`'s table, standing alone until it is attached.
+/// Generation `{1}`'s table, standing alone until it is attached (made already when an earlier
+/// attempt or another session starting the same generation made it).
 inline constexpr Statement create_generation{"create_generation", "{1} generation", R"sql(
-CREATE TABLE IF NOT EXISTS {log}_g{1} (LIKE {log} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+CREATE TABLE IF NOT EXISTS {log}_g{1}
+  (LIKE {log} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)
 )sql"};
 
-/// Attaches generation `{1}`'s table (a lock that lets writers go on; the table is empty).
+/// Attaches generation `{1}`'s table (empty, its indexes made with it: nothing to scan or
+/// build). It runs in `start_generation`'s transaction, under its lock.
 inline constexpr Statement attach_generation{"attach_generation", "{1} generation", R"sql(
 ALTER TABLE {log} ATTACH PARTITION {log}_g{1} FOR VALUES IN ({1})
 )sql"};
 
-/// Makes `$1` the current generation once no reservation into the one before is in flight:
-/// the exclusive lock waits for every transaction that read the generations table (each
-/// reservation does, in its statement, and holds that lock to its end) and holds new ones back
-/// until this commits, so a reservation that writes into the new generation sees every row
-/// written into the old one. The wait is bounded (5 s): a transaction that holds the table
-/// longer leaves the generation for the next try. Nothing happens when another session moved on
-/// first.
+/// Attaches generation `$1`'s table when it is not yet (`attach_generation`, between the lock
+/// and the update) and makes `$1` the current generation, in one transaction, once no statement on
+/// the log is in flight. The lock (on the partitioned table alone, not its generations) waits for
+/// every transaction that used the log and holds new ones back until this commits:
+/// - a reservation reads the current generation in its statement on the log: one that writes
+///   into the new generation sees every row written into the old one;
+/// - a server session keeps the list of the log's generations it read, and a session that was
+///   reading that list from the catalog while an attach committed can keep the list from
+///   before it. No statement on the log is reading it under this lock, and every statement
+///   after the commit reads it again, with the new generation in it: a reservation that writes
+///   into the new generation finds its table.
+/// The wait is bounded (5 s): a transaction that holds the log longer leaves the generation for
+/// the next try. Nothing happens when another session moved on first.
 inline constexpr std::string_view start_generation[] = {
     "SET LOCAL lock_timeout = '5s'",
-    "LOCK TABLE {generations} IN ACCESS EXCLUSIVE MODE",
+    "LOCK TABLE ONLY {log} IN ACCESS EXCLUSIVE MODE",
     "UPDATE {generations} SET current = $1::integer, began_at = now() WHERE current < $1::integer",
 };
 
