@@ -446,9 +446,9 @@ TEST_F(Generations, UnderASnapshotOlderThanTheWindowOnlyWholeGenerationsArePurge
   EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 0);
 }
 
-// A process killed while it starts a generation, its lock waiting behind a transaction that
-// read the log, changes nothing: reservations go on in the current generation, and the next
-// start makes the next generation current.
+// A process killed while it starts a generation, its table made and its lock waiting behind a
+// transaction that read the log, changes nothing: reservations go on in the current generation,
+// and the next start attaches the table it made and makes that generation current.
 TEST_F(Generations, AProcessKilledWhileStartingAGenerationLeavesTheLogAsItWas) {
   PostgresStore s = store(true);
   s.migrate();
