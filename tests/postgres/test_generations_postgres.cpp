@@ -214,8 +214,14 @@ TEST_F(Generations, EightThreadsRacingGenerationsClaimEachKeyOnce) {
   constexpr int keys = 150;
   std::atomic<int> claims{0};
   std::atomic<bool> done{false};
+  // A start every few milliseconds, a dozen at most: each holds the log's lock while it
+  // attaches, and a tighter, endless loop would let the reservations through one at a time,
+  // among hundreds of generations.
   std::thread starter([&] {
-    while (!done) s.start_generation();
+    for (int started = 0; !done && started < 12; ++started) {
+      s.start_generation();
+      std::this_thread::sleep_for(5ms);
+    }
   });
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t)
