@@ -151,8 +151,11 @@ TEST_F(Generations, AProcessWithoutTheOptionFinishesItsEventAndThenStops) {
 }
 
 TEST_F(Generations, AKeyIsReservedOnceWhicheverGenerationHoldsIt) {
-  PostgresStore s = store(true);
-  s.migrate();
+  PostgresStore log_store = store(true);
+  log_store.migrate();
+  // A named gate: its reservation looks for its own rows in every generation, not only for the
+  // rows of no gate.
+  PostgresStore s = log_store.for_gate("portbase.notify");
   run_events(s, 0, 3);
   const std::int64_t fence = s.reserve(key_of(9), same_request(), "request", 30s).fence;
   EXPECT_EQ(s.start_generation(), 1);
