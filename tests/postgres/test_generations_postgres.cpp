@@ -87,6 +87,15 @@ class Generations : public ::testing::Test {
         "FROM pg_class WHERE oid = '" +
         log + "'::regclass");
   }
+  // Waits (10 s at most) until `n` starts of a generation wait for the log's lock; returns how
+  // many wait then.
+  std::int64_t starts_waiting_for_the_log(std::int64_t n) {
+    const std::string waiting =
+        "SELECT count(*) FROM pg_stat_activity WHERE query = 'LOCK TABLE ONLY " + log +
+        " IN ACCESS EXCLUSIVE MODE' AND wait_event_type = 'Lock'";
+    for (int i = 0; i < 400 && pg_count(waiting) < n; ++i) std::this_thread::sleep_for(25ms);
+    return pg_count(waiting);
+  }
   std::string log;
 };
 
@@ -261,14 +270,8 @@ TEST_F(Generations, AStartWaitsForTheStatementsOnTheLogBeforeItAttachesTheNewGen
     PostgresStore other = store(true, 1);
     return other.start_generation();
   });
-  const std::string waiting =
-      "SELECT count(*) FROM pg_stat_activity WHERE query = 'LOCK TABLE "
-      "ONLY " +
-      log +
-      " IN ACCESS EXCLUSIVE MODE' AND wait_event_type = "
-      "'Lock'";
-  for (int i = 0; i < 400 && pg_count(waiting) == 0; ++i) std::this_thread::sleep_for(25ms);
-  EXPECT_EQ(pg_count(waiting), 1) << "the start did not wait for the statement on the log";
+  EXPECT_EQ(starts_waiting_for_the_log(1), 1)
+      << "the start did not wait for the statement on the log";
   EXPECT_EQ(pg_count("SELECT count(*) FROM pg_inherits WHERE inhparent = '" + log + "'::regclass"),
             1)
       << "the new generation was attached while a statement on the log ran";
@@ -293,12 +296,7 @@ TEST_F(Generations, TwoSessionsStartingTheSameGenerationStartItOnce) {
   };
   std::future<int> first = std::async(std::launch::async, start);
   std::future<int> second = std::async(std::launch::async, start);
-  const std::string waiting =
-      "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LOCK "
-      "TABLE ONLY " +
-      log + " %' AND wait_event_type = 'Lock'";
-  for (int i = 0; i < 400 && pg_count(waiting) < 2; ++i) std::this_thread::sleep_for(25ms);
-  EXPECT_EQ(pg_count(waiting), 2) << "the two starts did not meet";
+  EXPECT_EQ(starts_waiting_for_the_log(2), 2) << "the two starts did not meet";
   reading.commit();
   EXPECT_EQ(first.get(), 1);
   EXPECT_EQ(second.get(), 1);
@@ -470,11 +468,7 @@ TEST_F(Generations, AProcessKilledWhileStartingAGenerationLeavesTheLogAsItWas) {
     PostgresStore other = store(true, 1);
     other.start_generation();
   });
-  const std::string waiting =
-      "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LOCK TABLE ONLY " + log +
-      " %' AND wait_event_type = 'Lock'";
-  for (int i = 0; i < 400 && pg_count(waiting) == 0; ++i) std::this_thread::sleep_for(25ms);
-  ASSERT_EQ(pg_count(waiting), 1) << "the start never waited for the lock";
+  ASSERT_EQ(starts_waiting_for_the_log(1), 1) << "the start never waited for the lock";
   ::kill(starter, SIGKILL);
   EXPECT_EQ(idemgate::test::exit_status(starter), -1);
   holding.commit();

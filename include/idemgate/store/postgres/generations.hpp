@@ -92,12 +92,10 @@ class Generations {
     try {
       started = s_.run([&](Lease& c) {
         pqxx::work tx(c.connection());
-        for (int i = 0; i < 2; ++i) pq::exec(tx, s_.render(sql::postgres::start_generation[i]));
+        pq::exec(tx, s_.render(sql::postgres::start_generation[0]));
+        pq::exec(tx, s_.render(sql::postgres::start_generation[1]));
         // Attached already when another session started this generation first.
-        bool attached = false;
-        for (const pq::row& row : pq::exec(tx, listed))
-          attached = attached || pq::int_field(row[0]) == next;
-        if (!attached) pq::exec(tx, attach);
+        if (!listed_detach_pending(pq::exec(tx, listed), next)) pq::exec(tx, attach);
         const bool moved = pq::affected_rows(pq::exec_params(
                                tx, s_.render(sql::postgres::start_generation[2]), next)) > 0;
         tx.commit();
@@ -252,7 +250,11 @@ class Generations {
 
   // Whether generation `number`'s detach is pending (nullopt: not attached at all).
   std::optional<bool> detach_pending(int number) {
-    for (const pq::row& row : query(s_.render(sql::postgres::list_generations.text)))
+    return listed_detach_pending(query(s_.render(sql::postgres::list_generations.text)), number);
+  }
+  // The same, in the rows of `list_generations`.
+  static std::optional<bool> listed_detach_pending(const pqxx::result& listed, int number) {
+    for (const pq::row& row : listed)
       if (pq::int_field(row[0]) == number) return pq::bool_field(row[1]);
     return std::nullopt;
   }
