@@ -128,20 +128,26 @@ SELECT substring(c.relname FROM '_g([0-9]+)$')::integer, i.inhdetachpending,
 /// order after `$4`, each batch going on where the one before stopped. The versions a purge
 /// deleted stay in the table while another session holds a snapshot; a batch that started over
 /// would step over all of them again (and a bitmap of the whole gate before its first row).
+/// The delete goes straight to the row versions it picked and locked, by their places in the
+/// table, and reads no index: a delete by key joined to the batch would hash it and read every
+/// entry of the gate in the generation once the statistics count few rows, and one by a list of
+/// keys would read them too, its keys a filter. (A row that changed after the batch's snapshot
+/// is locked in its new version, which the delete's snapshot does not see: it stays for the next
+/// purge.) The last key picked comes from an aggregate, not a sort: with sorts planned away
+/// (`purge_generation_plan`), a sort would cost the batch a compilation of its plan.
 /// Answers the rows it picked and deleted, and the last key it picked. It runs after
 /// `purge_generation_plan`, in one transaction with it.
 inline constexpr Statement purge_generation{
     "purge_generation", "$1 gate, $2 older than (s), $3 limit, $4 after key, {1} generation", R"sql(
 WITH picked AS MATERIALIZED (
-  SELECT key FROM {log}_g{1}
+  SELECT key, ctid FROM {log}_g{1}
    WHERE gate = $1::text AND key > $4::bytea AND {purgeable()}
    ORDER BY key LIMIT $3::bigint FOR UPDATE SKIP LOCKED),
 gone AS (
-  DELETE FROM {log}_g{1} AS finished USING picked
-   WHERE finished.gate = $1::text AND finished.key = picked.key
+  DELETE FROM {log}_g{1} WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked))
   RETURNING 1)
 SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM gone),
-       (SELECT key FROM picked ORDER BY key DESC LIMIT 1)
+       (SELECT (array_agg(key ORDER BY key DESC))[1] FROM picked)
 )sql"};
 
 /// Generation `{1}`'s rows a purge of the gate with the window may not delete (another gate's,
