@@ -119,6 +119,22 @@ class Generations : public ::testing::Test {
         "_g0'");
   }
   std::string session_name() const { return "purge_" + log; }
+  // Waits (10 s at most) until a make of generation 1's table waits for a lock; returns how
+  // many wait then.
+  std::int64_t makes_of_the_next_generation_waiting() {
+    const std::string waiting =
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE TABLE IF NOT EXISTS " +
+        log + "_g1 %' AND wait_event_type = 'Lock'";
+    for (int i = 0; i < 400 && pg_count(waiting) == 0; ++i) std::this_thread::sleep_for(25ms);
+    return pg_count(waiting);
+  }
+  // A statement on generation `n` (`{1}` in its text), rendered for the test's log of generations.
+  std::string generation_sql(const idemgate::sql::Statement& statement, int n) const {
+    std::string text(statement.text);
+    for (auto at = text.find("{1}"); at != std::string::npos; at = text.find("{1}", at))
+      text.replace(at, 3, std::to_string(n));
+    return idemgate::detail::postgres::Session::render_for(log, text, true, true);
+  }
   std::string log;
 };
 
@@ -328,6 +344,57 @@ TEST_F(Generations, TwoSessionsStartingTheSameGenerationStartItOnce) {
   EXPECT_TRUE(after[1].current);
 }
 
+// Another session makes the next generation's table in a transaction still open: the start's
+// own make of it waits for that transaction on the catalog's unique index, is refused once it
+// commits, and the start attaches the table the other session made.
+TEST_F(Generations, AStartWhoseTableAnotherSessionIsMakingUsesThatTable) {
+  PostgresStore s = store(true);
+  s.migrate();
+  pqxx::connection maker(idemgate::test::pg_uri());
+  pqxx::work making(maker);
+  making.exec(generation_sql(idemgate::sql::postgres::create_generation, 1));
+  std::future<int> started = std::async(std::launch::async, [&] {
+    PostgresStore other = store(true, 1);
+    return other.start_generation();
+  });
+  ASSERT_EQ(makes_of_the_next_generation_waiting(), 1)
+      << "the start did not wait for the other session's table";
+  making.commit();
+  EXPECT_EQ(started.get(), 1);
+  const std::vector<idemgate::LogGeneration> after = s.generations();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_TRUE(after[1].current);
+  run_events(s, 0, 3);
+  EXPECT_EQ(generation_of(key_of(0)), 1);
+}
+
+// The start's make of the table found no table of that name, then waited (here for the log,
+// whose shape it copies) while another session made it and committed: the make is refused for
+// a name now taken, and the start attaches the table the other session made.
+TEST_F(Generations, AStartWhoseTableWasMadeWhileItWaitedUsesThatTable) {
+  PostgresStore s = store(true);
+  s.migrate();
+  pqxx::connection locker(idemgate::test::pg_uri());
+  pqxx::work locking(locker);
+  locking.exec("LOCK TABLE ONLY " + log + " IN ACCESS EXCLUSIVE MODE");
+  std::future<int> started = std::async(std::launch::async, [&] {
+    PostgresStore other = store(true, 1);
+    return other.start_generation();
+  });
+  ASSERT_EQ(makes_of_the_next_generation_waiting(), 1) << "the start did not wait for the log";
+  // The same shape, copied from generation 0 (the log itself is locked) without its bound.
+  pg_exec("CREATE TABLE " + log + "_g1 (LIKE " + log +
+          "_g0 INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES); ALTER TABLE " + log +
+          "_g1 DROP CONSTRAINT " + log + "_g0_bound");
+  locking.commit();
+  EXPECT_EQ(started.get(), 1);
+  const std::vector<idemgate::LogGeneration> after = s.generations();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_TRUE(after[1].current);
+  run_events(s, 0, 3);
+  EXPECT_EQ(generation_of(key_of(0)), 1);
+}
+
 // Another session holds a snapshot open for the whole test: vacuum can reclaim nothing the
 // purges delete. The unpartitioned log grows with every window; the partitioned one drops
 // each emptied generation and stays flat.
@@ -440,14 +507,10 @@ TEST_F(Generations, APurgeBatchIsPlannedBelowTheCostThatCompilesIt) {
   PostgresStore s = store(true);
   s.migrate();
   run_events(s, 0, 200);
-  std::string text(idemgate::sql::postgres::purge_generation.text);
-  for (auto at = text.find("{1}"); at != std::string::npos; at = text.find("{1}", at))
-    text.replace(at, 3, "0");
   pqxx::connection c(idemgate::test::pg_uri());
   pqxx::work tx(c);
   tx.exec(std::string(idemgate::sql::postgres::purge_generation_plan));
-  tx.exec("PREPARE batch AS " +
-          idemgate::detail::postgres::Session::render_for(log, text, true, true));
+  tx.exec("PREPARE batch AS " + generation_sql(idemgate::sql::postgres::purge_generation, 0));
   const pqxx::result plan = tx.exec("EXPLAIN EXECUTE batch('', 0, 100, '')");
   const std::string top = plan[0][0].c_str();
   const auto at = top.find("..");

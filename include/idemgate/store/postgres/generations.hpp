@@ -82,9 +82,10 @@ class Generations {
     try {
       query(with_generation(sql::postgres::create_generation.text, next));
     } catch (const pqxx::sql_error& e) {
-      // 23505: another session made it at the same moment (the catalog's unique index answered
-      // for it, once that session committed).
-      if (e.sqlstate() != "23505") throw;
+      // Another session made it at the same moment: the catalog's unique index answers for it
+      // once that session commits (23505), or the table's name or its row type is found taken
+      // when that session committed between the checks (42P07, 42710).
+      if (!made_elsewhere(e.sqlstate())) throw;
     }
     const std::string attach = with_generation(sql::postgres::attach_generation.text, next);
     const std::string listed = s_.render(sql::postgres::list_generations.text);
@@ -273,6 +274,11 @@ class Generations {
       if (!*now || pending) throw;
       query(with_generation(sql::postgres::finish_detach.text, number));
     }
+  }
+
+  // Whether a failed create of a generation's table met the same table made by another session.
+  static bool made_elsewhere(const std::string& sqlstate) {
+    return sqlstate == "23505" || sqlstate == "42P07" || sqlstate == "42710";
   }
 
   // The statement's text for generation `number` (its `{1}`), rendered for the log.
