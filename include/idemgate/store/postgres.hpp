@@ -364,18 +364,19 @@ class PostgresStore {
   /// On a log of generations (`PostgresOptions::partitioned_log`) it first starts the next
   /// generation when the current one began `older_than` ago or earlier. It then empties whole
   /// (truncates) each older generation whose every row it may delete, and deletes the gate's
-  /// rows of the others in key order, in batches that go on where the one before stopped. It
-  /// ends by dropping every older generation left empty (`drop_empty_generations`): their space
-  /// goes back at once, whatever snapshot another session holds. While a transaction older than
-  /// `older_than` is open in the database, it leaves the rows of the generation the current one
-  /// followed until the current one is `older_than` old: under that snapshot their deletes
-  /// would give no space back, and that generation goes whole a window later.
+  /// rows of the others in key order, in batches that go on where the one before stopped, each
+  /// generation it deleted rows from that way vacuumed after (only those: not the current one
+  /// just started, whose plans would otherwise scan it whole). It ends by dropping every older
+  /// generation left empty (`drop_empty_generations`): their space goes back at once, whatever
+  /// snapshot another session holds. While a transaction older than `older_than` is open in the
+  /// database, it leaves the rows of the generation the current one followed until the current
+  /// one is `older_than` old: under that snapshot their deletes would give no space back, and
+  /// that generation goes whole a window later.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
     if (!partitioned_log()) return monitoring().purge(older_than, batch);
     detail::postgres::Generations generations = generations_of_log();
     generations.start_if_older_than(older_than);
     const std::size_t deleted = generations.purge(older_than, batch);
-    if (deleted > 0) monitoring().vacuum_log();
     generations.drop_empty();
     return deleted;
   }

@@ -121,13 +121,13 @@ class Generations {
   /// The purge on a log of generations (see `PostgresStore::purge`), generation by generation.
   /// An older generation whose every row the purge may delete is emptied whole (truncated);
   /// otherwise the gate's finished rows past the window go in key order, in batches that go on
-  /// where the one before stopped. The current generation is skipped while it began less than
-  /// `older_than` ago: what it holds came later. While a transaction older than the window is
-  /// open in the database, only the generations whose every row is past the window are purged
-  /// (those before the one the current one followed, or that one too once the current began the
-  /// window ago): that snapshot keeps what a delete leaves, so deleting from a generation still
-  /// filling would give no space back and make every later purge step over it again. Returns
-  /// how many rows it deleted.
+  /// where the one before stopped, and the generation is vacuumed after. The current generation is
+  /// skipped while it began less than `older_than` ago: what it holds came later. While a
+  /// transaction older than the window is open in the database, only the generations whose every
+  /// row is past the window are purged (those before the one the current one followed, or that one
+  /// too once the current began the window ago): that snapshot keeps what a delete leaves, so
+  /// deleting from a generation still filling would give no space back and make every later purge
+  /// step over it again. Returns how many rows it deleted.
   std::size_t purge(std::chrono::seconds older_than, std::size_t batch) {
     const auto [current, current_due] = current_generation(older_than);
     const bool held = snapshot_held_longer_than(older_than);
@@ -151,6 +151,7 @@ class Generations {
       }
       const std::string text = with_generation(sql::postgres::purge_generation.text, number);
       std::string after;
+      std::size_t swept = 0;
       for (;;) {
         const pqxx::result r = s_.run([&](Lease& c) {
           pqxx::work tx(c.connection());
@@ -160,11 +161,13 @@ class Generations {
           tx.commit();
           return picked;
         });
-        deleted += static_cast<std::size_t>(pq::int_field(r[0][1]));
+        swept += static_cast<std::size_t>(pq::int_field(r[0][1]));
         const std::int64_t picked = pq::int_field(r[0][0]);
         if (picked == 0 || picked < limit) break;
         after = pq::bytea_field(r[0][2]);
       }
+      if (swept > 0) vacuum(number);
+      deleted += swept;
     }
     return deleted;
   }
@@ -273,6 +276,22 @@ class Generations {
       if (!now) return;
       if (!*now || pending) throw;
       query(with_generation(sql::postgres::finish_detach.text, number));
+    }
+  }
+
+  // Vacuums generation `number` after the purge deleted rows from it one by one; a vacuum that
+  // fails (the role does not own the table) is logged and leaves the work to autovacuum.
+  void vacuum(int number) {
+    try {
+      s_.run([&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
+        pq::exec(tx, with_generation(sql::postgres::vacuum_generation.text, number));
+        return 0;
+      });
+    } catch (const pqxx::sql_error& e) {
+      s_.log("idemgate: VACUUM of generation " + std::to_string(number) + " of " + s_.table() +
+             " after a purge failed: " + e.what() +
+             " The purge stands; autovacuum reclaims the space on its own schedule.");
     }
   }
 

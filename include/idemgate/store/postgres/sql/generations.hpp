@@ -176,6 +176,13 @@ inline constexpr std::string_view purge_generation_plan =
     "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off; "
     "SET LOCAL enable_sort = off";
 
+/// Reclaims what a purge's row deletes left in generation `{1}` (skipped while another vacuum
+/// holds it). Only a generation the purge deleted rows from one by one is vacuumed: a vacuum of
+/// the current generation a moment after it started would record it as a page or two, and every
+/// plan made until the next vacuum would scan it whole for each key, however large it grows.
+inline constexpr Statement vacuum_generation{"vacuum_generation", "{1} generation",
+                                             "VACUUM (SKIP_LOCKED) {log}_g{1}"};
+
 /// The age in whole seconds of the oldest transaction open in this database besides the
 /// caller's (0 when none), counted as the signals count it (`oldest_snapshot`).
 inline constexpr Statement oldest_snapshot_age{"oldest_snapshot_age", "", R"sql(
