@@ -85,7 +85,7 @@ class Generations {
       // Another session made it at the same moment: the catalog's unique index answers for it
       // once that session commits (23505), or the table's name or its row type is found taken
       // when that session committed between the checks (42P07, 42710).
-      if (!made_elsewhere(e.sqlstate())) throw;
+      if (!made_elsewhere(pq::sqlstate(e))) throw;
     }
     const std::string attach = with_generation(sql::postgres::attach_generation.text, next);
     const std::string listed = s_.render(sql::postgres::list_generations.text);
