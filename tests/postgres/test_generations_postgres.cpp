@@ -88,6 +88,19 @@ class Generations : public ::testing::Test {
         "FROM pg_class WHERE oid = '" +
         log + "'::regclass");
   }
+  // Starts the next generation from another store of one session, on a thread of its own.
+  std::future<int> start_elsewhere() {
+    return std::async(std::launch::async, [this] {
+      PostgresStore other = store(true, 1);
+      return other.start_generation();
+    });
+  }
+  // The log has two generations, and the second is current.
+  static void expect_second_generation_current(PostgresStore& s) {
+    const std::vector<idemgate::LogGeneration> after = s.generations();
+    ASSERT_EQ(after.size(), 2u);
+    EXPECT_TRUE(after[1].current);
+  }
   // Waits (10 s at most) until `n` starts of a generation wait for the log's lock; returns how
   // many wait then.
   std::int64_t starts_waiting_for_the_log(std::int64_t n) {
@@ -316,10 +329,7 @@ TEST_F(Generations, AStartWaitsForTheStatementsOnTheLogBeforeItAttachesTheNewGen
   pqxx::work reading(reader);
   reading.exec("SELECT count(*) FROM " + log);
 
-  std::future<int> started = std::async(std::launch::async, [&] {
-    PostgresStore other = store(true, 1);
-    return other.start_generation();
-  });
+  std::future<int> started = start_elsewhere();
   EXPECT_EQ(starts_waiting_for_the_log(1), 1)
       << "the start did not wait for the statement on the log";
   EXPECT_EQ(pg_count("SELECT count(*) FROM pg_inherits WHERE inhparent = '" + log + "'::regclass"),
@@ -340,19 +350,13 @@ TEST_F(Generations, TwoSessionsStartingTheSameGenerationStartItOnce) {
   pqxx::connection reader(idemgate::test::pg_uri());
   pqxx::work reading(reader);
   reading.exec("SELECT count(*) FROM " + log);
-  const auto start = [&] {
-    PostgresStore other = store(true, 1);
-    return other.start_generation();
-  };
-  std::future<int> first = std::async(std::launch::async, start);
-  std::future<int> second = std::async(std::launch::async, start);
+  std::future<int> first = start_elsewhere();
+  std::future<int> second = start_elsewhere();
   EXPECT_EQ(starts_waiting_for_the_log(2), 2) << "the two starts did not meet";
   reading.commit();
   EXPECT_EQ(first.get(), 1);
   EXPECT_EQ(second.get(), 1);
-  const std::vector<idemgate::LogGeneration> after = s.generations();
-  ASSERT_EQ(after.size(), 2u);
-  EXPECT_TRUE(after[1].current);
+  ASSERT_NO_FATAL_FAILURE(expect_second_generation_current(s));
 }
 
 // Another session makes the next generation's table in a transaction still open: the start's
@@ -364,17 +368,12 @@ TEST_F(Generations, AStartWhoseTableAnotherSessionIsMakingUsesThatTable) {
   pqxx::connection maker(idemgate::test::pg_uri());
   pqxx::work making(maker);
   making.exec(generation_sql(idemgate::sql::postgres::create_generation, 1));
-  std::future<int> started = std::async(std::launch::async, [&] {
-    PostgresStore other = store(true, 1);
-    return other.start_generation();
-  });
+  std::future<int> started = start_elsewhere();
   ASSERT_EQ(makes_of_the_next_generation_waiting(), 1)
       << "the start did not wait for the other session's table";
   making.commit();
   EXPECT_EQ(started.get(), 1);
-  const std::vector<idemgate::LogGeneration> after = s.generations();
-  ASSERT_EQ(after.size(), 2u);
-  EXPECT_TRUE(after[1].current);
+  ASSERT_NO_FATAL_FAILURE(expect_second_generation_current(s));
   run_events(s, 0, 3);
   EXPECT_EQ(generation_of(key_of(0)), 1);
 }
@@ -388,10 +387,7 @@ TEST_F(Generations, AStartWhoseTableWasMadeWhileItWaitedUsesThatTable) {
   pqxx::connection locker(idemgate::test::pg_uri());
   pqxx::work locking(locker);
   locking.exec("LOCK TABLE ONLY " + log + " IN ACCESS EXCLUSIVE MODE");
-  std::future<int> started = std::async(std::launch::async, [&] {
-    PostgresStore other = store(true, 1);
-    return other.start_generation();
-  });
+  std::future<int> started = start_elsewhere();
   ASSERT_EQ(makes_of_the_next_generation_waiting(), 1) << "the start did not wait for the log";
   // The same shape, copied from generation 0 (the log itself is locked) without its bound.
   pg_exec("CREATE TABLE " + log + "_g1 (LIKE " + log +
@@ -399,9 +395,7 @@ TEST_F(Generations, AStartWhoseTableWasMadeWhileItWaitedUsesThatTable) {
           "_g1 DROP CONSTRAINT " + log + "_g0_bound");
   locking.commit();
   EXPECT_EQ(started.get(), 1);
-  const std::vector<idemgate::LogGeneration> after = s.generations();
-  ASSERT_EQ(after.size(), 2u);
-  EXPECT_TRUE(after[1].current);
+  ASSERT_NO_FATAL_FAILURE(expect_second_generation_current(s));
   run_events(s, 0, 3);
   EXPECT_EQ(generation_of(key_of(0)), 1);
 }
