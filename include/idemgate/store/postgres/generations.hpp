@@ -279,20 +279,10 @@ class Generations {
     }
   }
 
-  // Vacuums generation `number` after the purge deleted rows from it one by one; a vacuum that
-  // fails (the role does not own the table) is logged and leaves the work to autovacuum.
+  // Vacuums generation `number` after the purge deleted rows from it one by one.
   void vacuum(int number) {
-    try {
-      s_.run([&](Lease& c) {
-        pqxx::nontransaction tx(c.connection());
-        pq::exec(tx, with_generation(sql::postgres::vacuum_generation.text, number));
-        return 0;
-      });
-    } catch (const pqxx::sql_error& e) {
-      s_.log("idemgate: VACUUM of generation " + std::to_string(number) + " of " + s_.table() +
-             " after a purge failed: " + e.what() +
-             " The purge stands; autovacuum reclaims the space on its own schedule.");
-    }
+    s_.vacuum_after_purge(with_generation(sql::postgres::vacuum_generation.text, number),
+                          "generation " + std::to_string(number) + " of " + s_.table());
   }
 
   // Whether a failed create of a generation's table met the same table made by another session.

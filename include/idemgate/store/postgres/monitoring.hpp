@@ -97,18 +97,7 @@ class Monitoring {
   /// VACUUM of the log after a purge. Autovacuum alone visits a table at most once per
   /// autovacuum_naptime (a minute by default): a log whose rows are purged as fast as they
   /// arrive would meanwhile fill with dead rows that every scan of the purge steps over.
-  void vacuum_log() {
-    try {
-      s_.run([&](Lease& c) {
-        pqxx::nontransaction tx(c.connection());
-        pq::exec(tx, s_.render(sql::postgres::vacuum.text));
-        return 0;
-      });
-    } catch (const pqxx::sql_error& e) {
-      s_.log("idemgate: VACUUM of " + s_.table() + " after a purge failed: " + e.what() +
-             " The purge stands; autovacuum reclaims the space on its own schedule.");
-    }
-  }
+  void vacuum_log() { s_.vacuum_after_purge(s_.render(sql::postgres::vacuum.text), s_.table()); }
 
  private:
   // Runs `statement` (`$1 gate, $2 older than (s), $3 limit`), each batch its own statement,

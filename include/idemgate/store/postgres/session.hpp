@@ -166,6 +166,22 @@ class Session {
     }
   }
 
+  /// Runs `vacuum`, the rendered `VACUUM` of `what` after a purge deleted rows from it, outside
+  /// a transaction. A vacuum that fails (the role does not own the table) is logged and leaves
+  /// the work to autovacuum: the purge stands.
+  void vacuum_after_purge(const std::string& vacuum, const std::string& what) {
+    try {
+      run([&](Lease& c) {
+        pqxx::nontransaction tx(c.connection());
+        pq::exec(tx, vacuum);
+        return 0;
+      });
+    } catch (const pqxx::sql_error& e) {
+      log("idemgate: VACUUM of " + what + " after a purge failed: " + e.what() +
+          " The purge stands; autovacuum reclaims the space on its own schedule.");
+    }
+  }
+
   /**
    * Runs one of the store's prepared statements (`sql::postgres::prepared`) with the gate as `$1`
    * and `args` after it, preparing it on this connection first if it has not been yet: lazily,
