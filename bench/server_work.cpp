@@ -11,6 +11,9 @@
 //                    of that key's row, COMMIT (two durable commits, five round trips); between
 //                    bare and gate, it parts what the shape costs from what the log's rows cost
 //   round_trip       a prepared SELECT 1 in autocommit: what one empty round trip costs the server
+//   generations      the gate over a log of generations (PostgresOptions::partitioned_log) with
+//                    three live generations, as a log under retention has while a snapshot is
+//                    held: two older ones of 1,000 events each and the current one
 // Per event and per kind: the server's CPU (every server process, the exited ones included
 // through the postmaster's children's times), the CPU of the client backends alone, WAL bytes
 // (pg_current_wal_lsn before and after), round trips (send() calls of this process on the
@@ -24,7 +27,9 @@
 // round_trip that is a large part of the figure, and the client backends' CPU is the closer one.
 //
 // Usage: server_work --pg=URI --postmaster-pid=PID [--events=N] [--rounds=N] [--warm-up=N]
-// (defaults: 2000 events per kind and round, 3 rounds, 200 untimed events per kind and round).
+//                    [--kinds=K,K,...]
+// (defaults: 2000 events per kind and round, 3 rounds, 200 untimed events per kind and round,
+// every kind; a ratio whose kinds did not run prints as 0).
 // Prints a table and, as its last line, one JSON object.
 
 #include "postgres_workload.hpp"
@@ -76,7 +81,11 @@ namespace {
 namespace pg = idemgate::bench::pg;
 
 const char* const usage =
-    "usage: server_work --pg=URI --postmaster-pid=PID [--events=N] [--rounds=N] [--warm-up=N]";
+    "usage: server_work --pg=URI --postmaster-pid=PID [--events=N] [--rounds=N] [--warm-up=N]\n"
+    "                   [--kinds=K,K,...]";
+
+const std::vector<std::string> all_kinds{"gate", "relaxed",  "relaxed_outcomes", "one_transaction",
+                                         "bare", "skeleton", "round_trip",       "generations"};
 
 struct Settings {
   std::string uri;
@@ -84,12 +93,13 @@ struct Settings {
   int events = 2000;
   int rounds = 3;
   int warm_up = 200;
+  std::vector<std::string> kinds = all_kinds;
 };
 
 // The settings from the command line; throws std::invalid_argument naming a flag it cannot take.
 Settings parse(int argc, char** argv) {
-  const idemgate::bench::Flags flags(argc, argv,
-                                     {"pg", "postmaster-pid", "events", "rounds", "warm-up"});
+  const idemgate::bench::Flags flags(
+      argc, argv, {"pg", "postmaster-pid", "events", "rounds", "warm-up", "kinds"});
   flags.expect_no_others(argc, argv);
   constexpr std::int64_t int_max = std::numeric_limits<int>::max();
   Settings s;
@@ -101,6 +111,15 @@ Settings parse(int argc, char** argv) {
   s.warm_up = static_cast<int>(flags.integer("warm-up", s.warm_up, 0, int_max));
   if (s.uri.empty() || s.postmaster <= 0)
     throw std::invalid_argument("needs --pg=URI and --postmaster-pid=PID");
+  if (const std::string listed = flags.text("kinds"); !listed.empty()) {
+    s.kinds.clear();
+    std::istringstream in(listed);
+    for (std::string kind; std::getline(in, kind, ',');) {
+      if (std::find(all_kinds.begin(), all_kinds.end(), kind) == all_kinds.end())
+        throw std::invalid_argument("--kinds: no kind named '" + kind + "'");
+      s.kinds.push_back(kind);
+    }
+  }
   return s;
 }
 
@@ -163,7 +182,7 @@ class Monitor {
   pqxx::result statements() {
     pqxx::nontransaction tx(connection_);
     return tx.exec(
-        "SELECT calls, total_plan_time, total_exec_time, wal_bytes::bigint, rows,"
+        "SELECT calls, total_plan_time, total_exec_time, wal_bytes::bigint, rows, shared_blks_hit,"
         " regexp_replace(left(query, 90), '\\s+', ' ', 'g') FROM pg_stat_statements"
         " WHERE query NOT LIKE '%pg_stat%' AND query NOT LIKE '%pg_current_wal_lsn%'"
         " AND query NOT LIKE '%pg_backend_pid%' ORDER BY total_exec_time + total_plan_time DESC");
@@ -189,6 +208,10 @@ class Source {
  public:
   virtual ~Source() = default;
   virtual void event(const idemgate::Key& key) = 0;
+  /// The untimed events before the measured ones.
+  virtual void warm_up(idemgate::bench::KeySource& keys, int events) {
+    for (int i = 0; i < events; ++i) event(keys.next("bench.server_work"));
+  }
 };
 
 class GateSource : public Source {
@@ -210,6 +233,46 @@ class GateSource : public Source {
   }
 
  private:
+  idemgate::PostgresStore store_;
+  idemgate::bench::NoopDownstream downstream_;
+  PgGate gate_;
+};
+
+// The gate over a log of generations, its own table made again for every round: two older
+// generations of 1,000 events each, then the warm-up and the measured events in the current one.
+class GenerationsSource : public Source {
+ public:
+  explicit GenerationsSource(const std::string& uri)
+      : store_(
+            uri,
+            [&uri] {
+              {
+                pqxx::connection c(uri);
+                pqxx::nontransaction tx(c);
+                tx.exec("DROP TABLE IF EXISTS " + table + ", " + table + "_generations, " + table +
+                        "_migrations, " + table + "_mismatches CASCADE");
+              }
+              idemgate::PostgresOptions options;
+              options.table = table;
+              options.partitioned_log = true;
+              options.business_statements = {{pg::business_statement, pg::business_insert_sql()}};
+              return options;
+            }()),
+        gate_(pg::gate_name, (store_.migrate(), store_), downstream_, BusinessWrite{}) {}
+  void event(const idemgate::Key& key) override {
+    idemgate::bench::expect_processed(gate_.process(key, idemgate::bench::request()));
+  }
+  void warm_up(idemgate::bench::KeySource& keys, int events) override {
+    for (int generation = 0; generation < 2; ++generation) {
+      Source::warm_up(keys, older_rows);
+      store_.start_generation();
+    }
+    Source::warm_up(keys, events);
+  }
+
+ private:
+  static inline const std::string table = "bench_generations_log";
+  static constexpr int older_rows = 1000;
   idemgate::PostgresStore store_;
   idemgate::bench::NoopDownstream downstream_;
   PgGate gate_;
@@ -315,11 +378,12 @@ std::unique_ptr<Source> source_of(const std::string& kind, const std::string& ur
   if (kind == "bare") return std::make_unique<BareSource>(uri);
   if (kind == "skeleton") return std::make_unique<SkeletonSource>(uri);
   if (kind == "round_trip") return std::make_unique<RoundTripSource>(uri);
+  if (kind == "generations") return std::make_unique<GenerationsSource>(uri);
   throw std::logic_error("no event source named " + kind);
 }
 
 struct StatementLine {
-  double calls = 0, plan_ms = 0, exec_ms = 0, wal = 0, rows = 0;
+  double calls = 0, plan_ms = 0, exec_ms = 0, wal = 0, rows = 0, buffers = 0;
 };
 
 struct Figures {
@@ -331,7 +395,7 @@ struct Figures {
 Figures measure(const Settings& settings, Monitor& monitor, const std::string& kind) {
   idemgate::bench::KeySource keys;
   std::unique_ptr<Source> source = source_of(kind, settings.uri);
-  for (int i = 0; i < settings.warm_up; ++i) source->event(keys.next("bench.server_work"));
+  source->warm_up(keys, settings.warm_up);
   const std::vector<long> backends = monitor.client_backends();
   // Statistics of the warm-up reach the shared counters before the first snapshot.
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
@@ -361,10 +425,11 @@ Figures measure(const Settings& settings, Monitor& monitor, const std::string& k
     line.exec_ms = std::stod(row[2].c_str()) / n;
     line.wal = static_cast<double>(idemgate::detail::pq::int_field(row[3])) / n;
     line.rows = static_cast<double>(idemgate::detail::pq::int_field(row[4])) / n;
+    line.buffers = static_cast<double>(idemgate::detail::pq::int_field(row[5])) / n;
     f.statements += line.calls;
     f.plan_us += line.plan_ms * 1000;
     f.exec_us += line.exec_ms * 1000;
-    f.lines[row[5].c_str()] = line;
+    f.lines[row[6].c_str()] = line;
   }
   return f;
 }
@@ -406,8 +471,7 @@ int main(int argc, char** argv) {
       tx.exec(SkeletonSource::schema_sql());
     }
     Monitor monitor(settings);
-    const std::vector<std::string> kinds{"gate", "relaxed",  "relaxed_outcomes", "one_transaction",
-                                         "bare", "skeleton", "round_trip"};
+    const std::vector<std::string>& kinds = settings.kinds;
     std::map<std::string, std::vector<Figures>> rounds;
     for (int r = 0; r < settings.rounds; ++r) {
       // The order reverses every round, so a drift within a round favours no kind.
@@ -445,11 +509,11 @@ int main(int argc, char** argv) {
     for (const std::string& kind : kinds) {
       const Figures& f = m[kind];
       std::printf("\n%s: statements per event (last round)\n", kind.c_str());
-      std::printf("%6s %8s %8s %8s %6s  %s\n", "calls", "plan_us", "exec_us", "wal_B", "rows",
-                  "query");
+      std::printf("%6s %8s %8s %8s %6s %8s  %s\n", "calls", "plan_us", "exec_us", "wal_B", "rows",
+                  "buffers", "query");
       for (const auto& [query, line] : f.lines)
-        std::printf("%6.2f %8.1f %8.1f %8.0f %6.2f  %s\n", line.calls, line.plan_ms * 1000,
-                    line.exec_ms * 1000, line.wal, line.rows, query.c_str());
+        std::printf("%6.2f %8.1f %8.1f %8.0f %6.2f %8.1f  %s\n", line.calls, line.plan_ms * 1000,
+                    line.exec_ms * 1000, line.wal, line.rows, line.buffers, query.c_str());
     }
     if (m["gate"].hot_fraction >= 0)
       std::printf("\nHOT updates of the log: %.0f %% of its updates\n",
@@ -472,10 +536,10 @@ int main(int argc, char** argv) {
     std::printf(
         "\nserver CPU per event, median of the rounds' ratios: gate / bare %.2f, "
         "relaxed_outcomes / bare %.2f, skeleton / bare %.2f, gate / skeleton %.2f, "
-        "relaxed_outcomes / gate %.2f, one_transaction / bare %.2f\n",
+        "relaxed_outcomes / gate %.2f, one_transaction / bare %.2f, generations / gate %.2f\n",
         ratio("gate", "bare"), ratio("relaxed_outcomes", "bare"), ratio("skeleton", "bare"),
         ratio("gate", "skeleton"), ratio("relaxed_outcomes", "gate"),
-        ratio("one_transaction", "bare"));
+        ratio("one_transaction", "bare"), ratio("generations", "gate"));
     std::printf(
         "{\"server_cpu_us_per_event\": %.1f, \"bare_server_cpu_us_per_event\": %.1f, "
         "\"server_cpu_per_event_vs_bare\": %.2f, \"backend_cpu_us_per_event\": %.1f, "
@@ -495,14 +559,15 @@ int main(int argc, char** argv) {
         "\"relaxed_outcomes_wal_bytes_per_event\": %.0f, "
         "\"relaxed_outcomes_round_trips_per_event\": %.2f, "
         "\"skeleton_server_cpu_us_per_event\": %.1f, \"skeleton_vs_bare\": %.2f, "
-        "\"gate_vs_skeleton\": %.2f, \"round_trip_server_cpu_us\": %.1f}\n",
+        "\"gate_vs_skeleton\": %.2f, \"round_trip_server_cpu_us\": %.1f, "
+        "\"generations_server_cpu_us_per_event\": %.1f, \"generations_vs_gate\": %.2f}\n",
         g.server_us, b.server_us, ratio("gate", "bare"), g.backends_us, b.backends_us, g.wal, b.wal,
         b.wal > 0 ? g.wal / b.wal : 0, g.round_trips, b.round_trips, g.statements, b.statements,
         g.plan_us, g.exec_us, b.plan_us, b.exec_us, g.hot_fraction, x.server_us,
         ratio("relaxed", "bare"), x.wal, x.round_trips, ratio("one_transaction", "bare"),
         ratio("one_transaction", "gate"), y.server_us, ratio("relaxed_outcomes", "bare"), y.wal,
         y.round_trips, k.server_us, ratio("skeleton", "bare"), ratio("gate", "skeleton"),
-        t.server_us);
+        t.server_us, m["generations"].server_us, ratio("generations", "gate"));
   } catch (const std::exception& e) {
     std::cerr << "server_work: " << e.what() << "\n";
     return 1;
