@@ -141,14 +141,18 @@ class Session {
       if (name == "migrations") return t + "_migrations";
       if (name == "generations") return t + "_generations";
       // A reservation's insert: the generation it writes into, read in its own statement (see
-      // sql::postgres::start_generation), the key its conflicts are tested on, and the gates
-      // whose row of the key, in any generation, stops it.
+      // sql::postgres::start_generation), and the key its conflicts are tested on.
       if (name == "generation_column") return std::string(partitioned ? ", generation" : "");
       if (name == "generation_value")
         return partitioned ? ", (SELECT current FROM " + t + "_generations)" : std::string();
       if (name == "log_key")
         return std::string(partitioned ? "(gate, key, generation)" : "(gate, key)");
-      if (name == "held_gates") return std::string(partitioned ? "'', $1::text" : "''");
+      // The generations a reservation looks for the gate's key in besides the conflict arbiter,
+      // which sees the current one alone (a unique index holds within one generation); a plain
+      // log has no other.
+      if (name == "older_generation")
+        return partitioned ? "generation <> (SELECT current FROM " + t + "_generations)"
+                           : std::string("false");
       if (name == "history_limit") return std::to_string(history_limit);
       if (name == "record_columns") return record_columns();
       return std::nullopt;

@@ -7,9 +7,9 @@
 namespace idemgate::sql::postgres {
 
 /// Reserves many keys in one statement, each as `reserve` would (a key whose only row belongs to
-/// no gate included): one row per item with its ordinal, whether it was claimed, its fence, and
-/// for a key met its status, same request, live lease, result, reason and whether this batch
-/// wrote it (its reply lost).
+/// no gate included, and on a log of generations a key the gate holds in an older one): one row
+/// per item with its ordinal, whether it was claimed, its fence, and for a key met its status,
+/// same request, live lease, result, reason and whether this batch wrote it (its reply lost).
 inline constexpr Statement reserve_batch{
     "idemgate_reserve_batch",
     "$1 gate, $2 keys (bytea[]), $3 fingerprints (bytea[]), $4 requests (bytea[]), $5 lease (ms), "
@@ -32,8 +32,10 @@ claimed AS (
   SELECT $1::text, key, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',
          fingerprint, request, $6::bigint, 1, nullif(label, ''){generation_value}
     FROM input
-   WHERE NOT EXISTS (SELECT 1 FROM {log} AS unowned WHERE unowned.gate IN ({held_gates})
+   WHERE NOT EXISTS (SELECT 1 FROM {log} AS unowned WHERE unowned.gate = ''
                                                      AND unowned.key = input.key)
+     AND NOT EXISTS (SELECT 1 FROM {log} AS held WHERE held.gate = $1::text
+                                                 AND held.key = input.key AND {older_generation})
    ORDER BY n
   ON CONFLICT {log_key} DO NOTHING
   RETURNING key, fence),

@@ -13,24 +13,32 @@ namespace idemgate::sql::postgres {
 /// yet) is that row: the gate takes it over in the same statement and answers from it, so an
 /// event the earlier version finished is never processed again, in whatever order the upgrade's
 /// steps ran. The new row is inserted only when no row of no gate holds the key; a reservation
-/// that waited for an adoption moving the row finds nothing and runs again.
+/// that waited for an adoption moving the row finds nothing and runs again. The adoption looks
+/// for the gate's own row only once it found a row of no gate: the lookup is tied to that row.
+///
+/// On a log of generations the new row goes into the current generation, whose key the conflict
+/// arbiter tests; it is inserted only when no older generation holds the gate's key either
+/// (`{older_generation}`: the server prunes the current generation from that lookup when it
+/// runs).
 inline constexpr Statement reserve{
     "idemgate_reserve",
     "$1 gate, $2 key, $3 fingerprint, $4 request, $5 lease (ms), $6 holder token, $7 label ('' "
     "for none)",
     R"sql(
 WITH adopted AS (
-  UPDATE {log} SET gate = $1::text, duplicates = duplicates + 1
-   WHERE gate = '' AND key = $2::bytea
-     AND NOT EXISTS (SELECT 1 FROM {log} WHERE gate = $1::text AND key = $2::bytea)
-  RETURNING fence, status, fingerprint = $3::bytea AS same, lease_until >= now() AS live,
-            result, reason),
+  UPDATE {log} AS log SET gate = $1::text, duplicates = log.duplicates + 1
+   WHERE log.gate = '' AND log.key = $2::bytea
+     AND NOT EXISTS (SELECT 1 FROM {log} AS held WHERE held.gate = $1::text AND held.key = log.key)
+  RETURNING log.fence, log.status, log.fingerprint = $3::bytea AS same,
+            log.lease_until >= now() AS live, log.result, log.reason),
 claimed AS (
   INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, holder,
                      attempts, label{generation_column})
   SELECT $1::text, $2::bytea, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',
          $3::bytea, $4::bytea, $6::bigint, 1, nullif($7::text, ''){generation_value}
-   WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate IN ({held_gates}) AND key = $2::bytea)
+   WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea)
+     AND NOT EXISTS (SELECT 1 FROM {log} WHERE gate = $1::text AND key = $2::bytea
+                                         AND {older_generation})
   ON CONFLICT {log_key} DO NOTHING
   RETURNING fence),
 -- A row this attempt wrote itself (its reply was lost) is not a duplicate: it comes back as
@@ -150,7 +158,9 @@ INSERT INTO {log} (gate, key, status, fence, lease_until, fingerprint, request, 
 SELECT $1::text, $2::bytea, 'committed', 1, now(), $3::bytea, $4::bytea, ''::bytea, $8::text,
        $5::bigint, 1, nullif($6::text, ''){generation_value}
   FROM (SELECT set_config('lock_timeout', $7::text, true) OFFSET 0) AS bounded
- WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate IN ({held_gates}) AND key = $2::bytea)
+ WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea)
+   AND NOT EXISTS (SELECT 1 FROM {log} WHERE gate = $1::text AND key = $2::bytea
+                                       AND {older_generation})
 ON CONFLICT {log_key} DO NOTHING
 RETURNING fence
 )sql"};
