@@ -37,7 +37,7 @@ claimed AS (
      AND NOT EXISTS (SELECT 1 FROM {log} AS held WHERE held.gate = $1::text
                                                  AND held.key = input.key AND {older_generation})
    ORDER BY n
-  ON CONFLICT {log_key} DO NOTHING
+  ON CONFLICT{conflict_target} DO NOTHING
   RETURNING key, fence),
 seen AS (
   UPDATE {log} AS log

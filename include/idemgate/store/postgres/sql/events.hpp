@@ -13,8 +13,9 @@ namespace idemgate::sql::postgres {
 /// yet) is that row: the gate takes it over in the same statement and answers from it, so an
 /// event the earlier version finished is never processed again, in whatever order the upgrade's
 /// steps ran. The new row is inserted only when no row of no gate holds the key; a reservation
-/// that waited for an adoption moving the row finds nothing and runs again. The adoption looks
-/// for the gate's own row only once it found a row of no gate: the lookup is tied to that row.
+/// that waited for an adoption moving the row finds nothing and runs again. The key's row of no
+/// gate is looked up once (`unowned`): the insert tests it, and the adoption looks further (for
+/// that row to take over, then for the gate's own row) only when there is one.
 ///
 /// On a log of generations the new row goes into the current generation, whose key the conflict
 /// arbiter tests; it is inserted only when no older generation holds the gate's key either
@@ -25,9 +26,11 @@ inline constexpr Statement reserve{
     "$1 gate, $2 key, $3 fingerprint, $4 request, $5 lease (ms), $6 holder token, $7 label ('' "
     "for none)",
     R"sql(
-WITH adopted AS (
+WITH unowned AS MATERIALIZED (
+  SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea),
+adopted AS (
   UPDATE {log} AS log SET gate = $1::text, duplicates = log.duplicates + 1
-   WHERE log.gate = '' AND log.key = $2::bytea
+   WHERE EXISTS (SELECT 1 FROM unowned) AND log.gate = '' AND log.key = $2::bytea
      AND NOT EXISTS (SELECT 1 FROM {log} AS held WHERE held.gate = $1::text AND held.key = log.key)
   RETURNING log.fence, log.status, log.fingerprint = $3::bytea AS same,
             log.lease_until >= now() AS live, log.result, log.reason),
@@ -36,10 +39,10 @@ claimed AS (
                      attempts, label{generation_column})
   SELECT $1::text, $2::bytea, 'in_flight', 1, now() + $5::bigint * interval '1 millisecond',
          $3::bytea, $4::bytea, $6::bigint, 1, nullif($7::text, ''){generation_value}
-   WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea)
+   WHERE NOT EXISTS (SELECT 1 FROM unowned)
      AND NOT EXISTS (SELECT 1 FROM {log} WHERE gate = $1::text AND key = $2::bytea
                                          AND {older_generation})
-  ON CONFLICT {log_key} DO NOTHING
+  ON CONFLICT{conflict_target} DO NOTHING
   RETURNING fence),
 -- A row this attempt wrote itself (its reply was lost) is not a duplicate: it comes back as
 -- `mine`, its lease renewed from now, so the attempt goes on with a whole lease and no
@@ -161,7 +164,7 @@ SELECT $1::text, $2::bytea, 'committed', 1, now(), $3::bytea, $4::bytea, ''::byt
  WHERE NOT EXISTS (SELECT 1 FROM {log} WHERE gate = '' AND key = $2::bytea)
    AND NOT EXISTS (SELECT 1 FROM {log} WHERE gate = $1::text AND key = $2::bytea
                                        AND {older_generation})
-ON CONFLICT {log_key} DO NOTHING
+ON CONFLICT{conflict_target} DO NOTHING
 RETURNING fence
 )sql"};
 
