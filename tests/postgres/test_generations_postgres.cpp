@@ -681,6 +681,26 @@ TEST_F(Generations, ADetachCutMidStatementIsFinishedWhenSentAgain) {
   EXPECT_EQ(left[0].number, 1);
 }
 
+// A reservation's insert into a generation names no conflict index: a unique index besides the
+// key would turn its conflicts into the key's, so migrate() refuses the log until it is gone.
+TEST_F(Generations, ALogWithAUniqueIndexBesidesItsKeyIsRefusedUntilItIsDropped) {
+  store(true).migrate();
+  pg_exec("CREATE UNIQUE INDEX " + log + "_by_label ON " + log + " (gate, label, generation)");
+  try {
+    store(true).migrate();
+    ADD_FAILURE() << "a log of generations with a second unique index";
+  } catch (const idemgate::StoreError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(log + "_by_label"), std::string::npos) << what;
+    EXPECT_NE(what.find("drop that index"), std::string::npos) << what;
+  }
+  pg_exec("DROP INDEX " + log + "_by_label");
+  PostgresStore s = store(true);
+  EXPECT_NO_THROW(s.migrate());
+  run_events(s, 0, 2);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 2);
+}
+
 TEST_F(Generations, CallsOnALogWithoutGenerationsSayWhatToSet) {
   PostgresStore s = store(false);
   s.migrate();

@@ -200,7 +200,7 @@ class Schema {
 
   // Step 6 (`generations`), for a log of `PostgresOptions::partitioned_log` only; a partitioned
   // log opened without the option is refused, since its reservations would not find the keys of
-  // earlier generations.
+  // earlier generations, and so is one with a unique index besides its key.
   void partition(const Runner& runner, MigrationReport& report, int& version) {
     const sql::Migration& step = sql::postgres::generations_step;
     const bool partitioned =
@@ -213,12 +213,19 @@ class Schema {
                          "must.");
       return;
     }
-    if (version >= step.version) return;
-    if (partitioned)
-      found(runner, step, report);
-    else
-      run(runner, step, report);
-    version = step.version;
+    if (version < step.version) {
+      if (partitioned)
+        found(runner, step, report);
+      else
+        run(runner, step, report);
+      version = step.version;
+    }
+    const std::string extra =
+        pq::text_field(runner.query(s_.render(sql::postgres::extra_unique_indexes.text))[0][0]);
+    if (!extra.empty())
+      throw StoreError("idemgate: " + s_.table() + " has a unique index besides its key (" + extra +
+                       "). A reservation takes a conflict on any unique index of a generation "
+                       "for its key's; drop that index, or keep what it guards in another table.");
   }
 
   // Records `step` as already in the log's shape.

@@ -77,6 +77,15 @@ SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass('{lo
 )sql",
     generations_v6};
 
+/// The unique indexes of a log of generations besides its key, by name ('' when none). A
+/// reservation's insert into a generation names no conflict index, so it would take a conflict on
+/// any of them for its key's.
+inline constexpr Statement extra_unique_indexes{"extra_unique_indexes", "", R"sql(
+SELECT coalesce(string_agg(c.relname, ', ' ORDER BY c.relname), '')
+  FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+ WHERE i.indrelid = to_regclass('{log}') AND i.indisunique AND NOT i.indisprimary
+)sql"};
+
 /// The current generation, and whether it began at least `$1` seconds ago.
 inline constexpr Statement current_generation{"current_generation", "$1 span (s)", R"sql(
 SELECT current, began_at <= now() - $1::bigint * interval '1 second' FROM {generations}
