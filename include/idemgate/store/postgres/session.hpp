@@ -144,8 +144,7 @@ class Session {
       // sql::postgres::start_generation), and the index its conflicts are tested on. A
       // generation's one unique index is its key, so its insert names none: PostgreSQL 15 maps
       // a named index of the partitioned table to the generation's own by reading the catalog
-      // for each of the generation's indexes at every insert, which tripled the buffers the
-      // insert reads (36 against 11).
+      // at every insert, which tripled the buffers the insert reads (36 against 11).
       if (name == "generation_column") return std::string(partitioned ? ", generation" : "");
       if (name == "generation_value")
         return partitioned ? ", (SELECT current FROM " + t + "_generations)" : std::string();
