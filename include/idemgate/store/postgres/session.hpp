@@ -65,12 +65,10 @@ class Session {
   Session(const std::string& uri, PostgresOptions options)
       : options_(checked_options(std::move(options))),
         table_(checked_table_name(options_.table)),
-        outcome_check_(
-            std::string(sql::postgres::open_transaction_check.text) +
-            (options_.partitioned_log ? " " + std::string(sql::postgres::generic_plan.text)
-                                      : std::string()) +
-            (options_.relaxed_outcomes ? " " + std::string(sql::postgres::relax_outcome.text)
-                                       : std::string())),
+        outcome_check_(std::string(sql::postgres::open_transaction_check.text) +
+                       (options_.relaxed_outcomes
+                            ? " " + std::string(sql::postgres::relax_outcome.text)
+                            : std::string())),
         errors_(table_),
         pool_(uri, options_.pool_size, options_.checkout_timeout, settings({})),
         renewal_pool_(uri, 1, options_.checkout_timeout, settings({}), false) {
@@ -107,8 +105,8 @@ class Session {
   /// Whether a `Gate`'s outcomes skip the WAL flush (`PostgresOptions::relaxed_outcomes`).
   [[nodiscard]] bool relaxed_outcomes() const noexcept { return options_.relaxed_outcomes; }
   /// What goes in front of a `Gate`'s fenced commit update, in its round trip: the check that
-  /// the business write left the transaction open, on a log of generations the generic plan for
-  /// the update, and with relaxed outcomes the transaction's own `synchronous_commit = off`.
+  /// the business write left the transaction open and, with relaxed outcomes, the transaction's
+  /// own `synchronous_commit = off`.
   [[nodiscard]] const std::string& outcome_check() const noexcept { return outcome_check_; }
   /// Whether a transaction pooler stands between the store and the server.
   [[nodiscard]] bool pooled_by_transaction() const noexcept {
@@ -468,6 +466,8 @@ class Session {
     s.statement_timeout =
         pooled_by_transaction() ? std::chrono::milliseconds::zero() : options_.statement_timeout;
     s.reply_timeout = options_.reply_timeout;
+    if (options_.partitioned_log && !pooled_by_transaction())
+      session_sql = std::string(sql::postgres::generic_plans.text) + session_sql;
     s.session_sql = std::move(session_sql);
     s.log = options_.log;
     return s;

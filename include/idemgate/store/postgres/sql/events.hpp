@@ -99,15 +99,6 @@ UPDATE {log}
 inline constexpr Statement open_transaction_check{
     "open_transaction_check", "", "SAVEPOINT idemgate_open; RELEASE SAVEPOINT idemgate_open;"};
 
-/// Sent after `open_transaction_check`, in the same round trip, on a log of generations
-/// (`PostgresOptions::partitioned_log`): the prepared commit runs with its generic plan. Left to
-/// choose, the server plans it again for an execution whenever its estimates make a plan for the
-/// given values look cheaper; on a log of generations, whose statistics change with every
-/// generation, it did so for up to a sixth of the commits of a run, at about 300 µs of planning
-/// each. Set for the transaction alone.
-inline constexpr Statement generic_plan{"generic_plan", "",
-                                        "SET LOCAL plan_cache_mode = force_generic_plan;"};
-
 /// Sent after `open_transaction_check`, in the same round trip, with relaxed outcomes
 /// (`PostgresOptions::relaxed_outcomes`): this transaction's COMMIT does not wait for the WAL
 /// flush. Set for the transaction alone, so nothing stays on a pooled server connection.

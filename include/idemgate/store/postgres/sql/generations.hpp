@@ -86,6 +86,15 @@ SELECT coalesce(string_agg(c.relname, ', ' ORDER BY c.relname), '')
  WHERE i.indrelid = to_regclass('{log}') AND i.indisunique AND NOT i.indisprimary
 )sql"};
 
+/// Run when each of the store's connections opens, on a log of generations (not behind a
+/// transaction pooler, where nothing stays prepared): its prepared statements, the business
+/// statements prepared on it included, run their generic plans. Left to choose, the server plans
+/// a statement again for an execution whenever its estimates make a plan for the given values
+/// look cheaper; on a log of generations, whose statistics change with every generation, it did
+/// so for up to a sixth of a run's commits or reservations, at about 300 µs of planning each.
+inline constexpr Statement generic_plans{"generic_plans", "",
+                                         "SET plan_cache_mode = force_generic_plan;"};
+
 /// The current generation, and whether it began at least `$1` seconds ago.
 inline constexpr Statement current_generation{"current_generation", "$1 span (s)", R"sql(
 SELECT current, began_at <= now() - $1::bigint * interval '1 second' FROM {generations}
