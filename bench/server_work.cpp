@@ -214,53 +214,37 @@ class Source {
   }
 };
 
+// The gate's options: its own log table, one prepared business INSERT.
+idemgate::PostgresOptions gate_options(const std::string& table) {
+  idemgate::PostgresOptions options;
+  options.table = table;
+  options.business_statements = {{pg::business_statement, pg::business_insert_sql()}};
+  return options;
+}
+
 class GateSource : public Source {
  public:
-  GateSource(const std::string& uri, bool relaxed_reservations, bool relaxed_outcomes)
-      : store_(
-            uri,
-            [relaxed_reservations, relaxed_outcomes] {
-              idemgate::PostgresOptions options;
-              options.table = pg::log_table;
-              options.relaxed_reservations = relaxed_reservations;
-              options.relaxed_outcomes = relaxed_outcomes;
-              options.business_statements = {{pg::business_statement, pg::business_insert_sql()}};
-              return options;
-            }()),
+  GateSource(const std::string& uri, idemgate::PostgresOptions options)
+      : store_(uri, std::move(options)),
         gate_(pg::gate_name, store_, downstream_, BusinessWrite{}) {}
   void event(const idemgate::Key& key) override {
     idemgate::bench::expect_processed(gate_.process(key, idemgate::bench::request()));
   }
 
- private:
+ protected:
   idemgate::PostgresStore store_;
+
+ private:
   idemgate::bench::NoopDownstream downstream_;
   PgGate gate_;
 };
 
 // The gate over a log of generations, its own table made again for every round: two older
 // generations of 1,000 events each, then the warm-up and the measured events in the current one.
-class GenerationsSource : public Source {
+class GenerationsSource : public GateSource {
  public:
-  explicit GenerationsSource(const std::string& uri)
-      : store_(
-            uri,
-            [&uri] {
-              {
-                pqxx::connection c(uri);
-                pqxx::nontransaction tx(c);
-                tx.exec("DROP TABLE IF EXISTS " + table + ", " + table + "_generations, " + table +
-                        "_migrations, " + table + "_mismatches CASCADE");
-              }
-              idemgate::PostgresOptions options;
-              options.table = table;
-              options.partitioned_log = true;
-              options.business_statements = {{pg::business_statement, pg::business_insert_sql()}};
-              return options;
-            }()),
-        gate_(pg::gate_name, (store_.migrate(), store_), downstream_, BusinessWrite{}) {}
-  void event(const idemgate::Key& key) override {
-    idemgate::bench::expect_processed(gate_.process(key, idemgate::bench::request()));
+  explicit GenerationsSource(const std::string& uri) : GateSource(uri, options(uri)) {
+    store_.migrate();
   }
   void warm_up(idemgate::bench::KeySource& keys, int events) override {
     for (int generation = 0; generation < 2; ++generation) {
@@ -273,9 +257,18 @@ class GenerationsSource : public Source {
  private:
   static inline const std::string table = "bench_generations_log";
   static constexpr int older_rows = 1000;
-  idemgate::PostgresStore store_;
-  idemgate::bench::NoopDownstream downstream_;
-  PgGate gate_;
+  // Drops the table of the round before, then the options of a log of generations.
+  static idemgate::PostgresOptions options(const std::string& uri) {
+    {
+      pqxx::connection c(uri);
+      pqxx::nontransaction tx(c);
+      tx.exec("DROP TABLE IF EXISTS " + table + ", " + table + "_generations, " + table +
+              "_migrations, " + table + "_mismatches CASCADE");
+    }
+    idemgate::PostgresOptions o = gate_options(table);
+    o.partitioned_log = true;
+    return o;
+  }
 };
 
 class BareSource : public Source {
@@ -297,14 +290,7 @@ class BareSource : public Source {
 class OneTransactionSource : public Source {
  public:
   explicit OneTransactionSource(const std::string& uri)
-      : store_(
-            uri,
-            [] {
-              idemgate::PostgresOptions options;
-              options.table = pg::log_table;
-              options.business_statements = {{pg::business_statement, pg::business_insert_sql()}};
-              return options;
-            }()),
+      : store_(uri, gate_options(pg::log_table)),
         gate_(pg::gate_name, store_,
               [](pqxx::work& tx, const idemgate::Key& key, const std::string&) {
                 pg::write_business(tx, key, idemgate::bench::outcome());
@@ -372,8 +358,12 @@ class RoundTripSource : public Source {
 };
 
 std::unique_ptr<Source> source_of(const std::string& kind, const std::string& uri) {
-  if (kind == "gate" || kind == "relaxed" || kind == "relaxed_outcomes")
-    return std::make_unique<GateSource>(uri, kind == "relaxed", kind == "relaxed_outcomes");
+  if (kind == "gate" || kind == "relaxed" || kind == "relaxed_outcomes") {
+    idemgate::PostgresOptions options = gate_options(pg::log_table);
+    options.relaxed_reservations = kind == "relaxed";
+    options.relaxed_outcomes = kind == "relaxed_outcomes";
+    return std::make_unique<GateSource>(uri, std::move(options));
+  }
   if (kind == "one_transaction") return std::make_unique<OneTransactionSource>(uri);
   if (kind == "bare") return std::make_unique<BareSource>(uri);
   if (kind == "skeleton") return std::make_unique<SkeletonSource>(uri);
