@@ -701,6 +701,28 @@ TEST_F(Generations, ALogWithAUniqueIndexBesidesItsKeyIsRefusedUntilItIsDropped) 
   EXPECT_EQ(pg_count("SELECT count(*) FROM " + log), 2);
 }
 
+// A unique index made by hand on one generation's table alone is refused as well; a started
+// generation's own key is not.
+TEST_F(Generations, AGenerationWithAUniqueIndexOfItsOwnIsRefusedUntilItIsDropped) {
+  PostgresStore s = store(true);
+  s.migrate();
+  ASSERT_EQ(s.start_generation(), 1);
+  EXPECT_NO_THROW(store(true).migrate());
+  pg_exec("CREATE UNIQUE INDEX " + log + "_g1_by_label ON " + log + "_g1 (gate, label)");
+  try {
+    store(true).migrate();
+    ADD_FAILURE() << "a generation with a unique index of its own";
+  } catch (const idemgate::StoreError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(log + "_g1_by_label"), std::string::npos) << what;
+    EXPECT_NE(what.find("drop that index"), std::string::npos) << what;
+  }
+  pg_exec("DROP INDEX " + log + "_g1_by_label");
+  EXPECT_NO_THROW(store(true).migrate());
+  run_events(s, 0, 2);
+  EXPECT_EQ(pg_count("SELECT count(*) FROM " + log + "_g1"), 2);
+}
+
 // Left to choose, the server plans a prepared statement again for its first executions, and then
 // whenever its estimates make a plan for the given values look cheaper, which a log of
 // generations' changing statistics did for up to a sixth of a run's commits or reservations: on a

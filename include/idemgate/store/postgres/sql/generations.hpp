@@ -77,13 +77,17 @@ SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass('{lo
 )sql",
     generations_v6};
 
-/// The unique indexes of a log of generations besides its key, by name ('' when none). A
-/// reservation's insert into a generation names no conflict index, so it would take a conflict on
-/// any of them for its key's.
+/// The unique indexes of a log of generations besides its key, by name ('' when none): the
+/// partitioned table's own, and those made on one generation's table alone (a generation's index
+/// that is a part of one of the log's is named once, by the log's). A reservation's insert into a
+/// generation names no conflict index, so it would take a conflict on any of them for its key's.
 inline constexpr Statement extra_unique_indexes{"extra_unique_indexes", "", R"sql(
 SELECT coalesce(string_agg(c.relname, ', ' ORDER BY c.relname), '')
   FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
- WHERE i.indrelid = to_regclass('{log}') AND i.indisunique AND NOT i.indisprimary
+ WHERE i.indisunique AND NOT i.indisprimary
+   AND (i.indrelid = to_regclass('{log}')
+        OR i.indrelid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('{log}')))
+   AND NOT EXISTS (SELECT 1 FROM pg_inherits AS part WHERE part.inhrelid = i.indexrelid)
 )sql"};
 
 /// Run when each of the store's connections opens, on a log of generations (not behind a
